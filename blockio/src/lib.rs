@@ -1,0 +1,1 @@
+//! io_uring O_DIRECT writer (work in progress).

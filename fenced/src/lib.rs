@@ -1,0 +1,1 @@
+//! The fencing protocol on etcd (work in progress).

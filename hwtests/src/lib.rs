@@ -1,0 +1,1 @@
+//! Hardware tests live in tests/.

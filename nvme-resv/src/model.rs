@@ -1,0 +1,1 @@
+//! model (nvme-resv helper: implement).

@@ -1,0 +1,1 @@
+//! namespace (nvme-resv helper: implement).

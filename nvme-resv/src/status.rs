@@ -1,0 +1,1 @@
+//! status (nvme-resv helper: implement).

@@ -1,0 +1,1 @@
+//! sys (nvme-resv helper: implement).
