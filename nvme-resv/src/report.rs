@@ -18,9 +18,9 @@ pub struct RegisteredController {
 /// A parsed Reservation Report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReservationStatus {
-    /// Generation (GEN): incremented by the device on every preempt, clear, and
+    /// Generation (GEN; `gen` is a reserved word in Rust 2024): incremented by the device on every preempt, clear, and
     /// registration change per the specification.
-    pub gen: u32,
+    pub generation: u32,
     /// Reservation Type held, `ReservationType::NONE` when none is held.
     pub rtype: ReservationType,
     /// Number of Registered Controllers (REGCTL), as the device reported it.
