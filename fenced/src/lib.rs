@@ -1,1 +1,14 @@
-//! The fencing protocol on etcd (work in progress).
+//! `fenced`: the fencing protocol on etcd (seed 000 with the improvements of DESIGN.md).
+//!
+//! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
+//!   departure rule, self-fencing watchdog.
+//! - [`keys`]: the etcd key layout under a configurable root.
+//! - [`node`]: validated node ids.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+pub mod core;
+pub mod keys;
+pub mod node;
+
+pub use node::NodeId;
