@@ -10,5 +10,6 @@
 pub mod core;
 pub mod keys;
 pub mod node;
+pub mod store;
 
 pub use node::NodeId;

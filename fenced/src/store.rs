@@ -1,0 +1,929 @@
+//! The etcd adapter (etcd-client 0.21): every transaction of the protocol, the error
+//! classification, and a round-trip counter.
+//!
+//! Critical path of a watch-triggered fence: **2 etcd round trips** (claim transaction,
+//! finishing transaction) plus the Fencer's device commands. The claim's lease is
+//! granted ahead of time ([`EtcdStore::prepare_claim_lease`]), so granting it is not on
+//! the path; it is not kept alive, so a claim whose controller dies expires with it.
+//! A sweep-triggered fence costs the shared sweep read plus the same two.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions, WatchStream,
+};
+use tokio::sync::Mutex;
+
+use crate::core::{BumpOutcome, ClaimOutcome, SnapshotGuard, SweepSnapshot, Victim};
+use crate::keys::Keys;
+use crate::node::NodeId;
+
+/// An etcd failure, classified once, here.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// etcd could not be reached or did not answer in time (retry with backoff).
+    #[error("etcd unavailable during {op}: {source}")]
+    Unavailable {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The requested revision has been compacted away.
+    #[error("etcd revision compacted during {op}: {source}")]
+    Compacted {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The lease is gone (expired or revoked).
+    #[error("etcd lease expired or not found during {op}: {source}")]
+    LeaseGone {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// Any other etcd error.
+    #[error("etcd error during {op}: {source}")]
+    Other {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A stored value does not parse.
+    #[error("malformed value at {key}: {what}")]
+    Malformed {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+impl StoreError {
+    /// Classifies an etcd-client error. etcd-client reports some conditions only as
+    /// strings (lease keepalive) or as gRPC statuses with a message, so this is the one
+    /// place that looks at them.
+    pub fn classify(op: &'static str, source: etcd_client::Error) -> Self {
+        use etcd_client::Error as E;
+        use tonic::Code;
+        match &source {
+            E::TransportError(_) | E::IoError(_) => Self::Unavailable { op, source },
+            E::LeaseKeepAliveError(_) => Self::LeaseGone { op, source },
+            E::GRpcStatus(s) => match s.code() {
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+                    Self::Unavailable { op, source }
+                }
+                Code::Unknown if s.message().contains("transport") => {
+                    Self::Unavailable { op, source }
+                }
+                Code::OutOfRange if s.message().contains("compacted") => {
+                    Self::Compacted { op, source }
+                }
+                Code::NotFound if s.message().contains("lease not found") => {
+                    Self::LeaseGone { op, source }
+                }
+                _ => Self::Other { op, source },
+            },
+            _ => Self::Other { op, source },
+        }
+    }
+
+    /// Worth retrying with backoff.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// The revision asked for was compacted.
+    pub fn is_compacted(&self) -> bool {
+        matches!(self, Self::Compacted { .. })
+    }
+
+    /// The lease is gone.
+    pub fn is_lease_gone(&self) -> bool {
+        matches!(self, Self::LeaseGone { .. })
+    }
+}
+
+/// Result alias.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// What the watch path's claim guards on besides the claim itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimGuard {
+    /// Watch path: membership absent and no departure marker.
+    Watch,
+    /// Watch path after a departure marker was found not honourable (the node still
+    /// owns arenas): membership absent, the marker ignored.
+    IgnoreDeparture,
+    /// Sweep path: membership absent and the snapshot unchanged (`recheck_intent`).
+    Sweep(SnapshotGuard),
+}
+
+/// Why a watch-path claim was refused, when it was not another controller's claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimRefusal {
+    /// The node holds membership again.
+    Member,
+    /// The node left a departure marker; `arenas` is the number of arenas it still owns
+    /// (`None`: could not be read).
+    Departed {
+        /// Arenas still owned.
+        arenas: Option<usize>,
+    },
+    /// The sweep's snapshot aged.
+    SnapshotAged,
+}
+
+/// A claim transaction's full result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimResult {
+    /// Won, held elsewhere, or not owed.
+    Outcome(ClaimOutcome),
+    /// Refused by the guard, with the reason.
+    Refused(ClaimRefusal),
+}
+
+/// The result of a join transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Joined {
+    /// `create_revision` of our `membership/<node>`: the departure and arena claims
+    /// are conditioned on it (our membership, still live).
+    pub membership_rev: i64,
+    /// Our generation when we joined.
+    pub generation: u64,
+}
+
+/// A status view for `fenced status`.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Status {
+    /// Live members and their instance ids.
+    pub members: Vec<(String, String)>,
+    /// Generations.
+    pub generations: Vec<(String, u64)>,
+    /// Owed fences (intents) and their instance ids.
+    pub owed: Vec<(String, String)>,
+    /// Fence marks.
+    pub done: Vec<(String, u64)>,
+    /// Claims held and their holders.
+    pub claims: Vec<(String, String)>,
+    /// Departure markers.
+    pub departed: Vec<String>,
+    /// Arena owners.
+    pub arenas: Vec<(String, String)>,
+    /// Free arenas.
+    pub free_arenas: Vec<String>,
+    /// Number of audit records.
+    pub audit_records: usize,
+}
+
+/// The etcd store: a client, the key layout, a round-trip counter and the spare claim
+/// lease.
+#[derive(Clone)]
+pub struct EtcdStore {
+    client: Client,
+    keys: Keys,
+    round_trips: Arc<AtomicU64>,
+    claim_ttl: Duration,
+    spare: Arc<Mutex<Option<(i64, Instant)>>>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("root", &self.keys.root())
+            .field("round_trips", &self.round_trips())
+            .finish_non_exhaustive()
+    }
+}
+
+fn kvs(resp: &TxnOpResponse) -> &[KeyValue] {
+    match resp {
+        TxnOpResponse::Get(g) => g.kvs(),
+        _ => &[],
+    }
+}
+
+fn count(resp: &TxnOpResponse) -> usize {
+    match resp {
+        TxnOpResponse::Get(g) => usize::try_from(g.count()).unwrap_or(usize::MAX),
+        _ => 0,
+    }
+}
+
+fn parse_u64(kv: &KeyValue) -> Result<u64> {
+    let key = String::from_utf8_lossy(kv.key()).into_owned();
+    let s = std::str::from_utf8(kv.value()).map_err(|e| StoreError::Malformed {
+        key: key.clone(),
+        what: e.to_string(),
+    })?;
+    s.trim().parse().map_err(|e| StoreError::Malformed {
+        key,
+        what: format!("{s:?}: {e}"),
+    })
+}
+
+fn text(kv: &KeyValue) -> String {
+    String::from_utf8_lossy(kv.value()).into_owned()
+}
+
+fn revision(resp: &TxnResponse) -> i64 {
+    resp.header().map_or(0, |h| h.revision())
+}
+
+fn absent(key: String) -> Compare {
+    Compare::create_revision(key, CompareOp::Equal, 0)
+}
+
+fn prefix() -> Option<GetOptions> {
+    Some(GetOptions::new().with_prefix())
+}
+
+fn prefix_keys_only() -> Option<GetOptions> {
+    Some(GetOptions::new().with_prefix().with_keys_only())
+}
+
+impl EtcdStore {
+    /// Connects to `endpoints`, keys under `root`. Fails fast (connect timeout 2 s);
+    /// the caller retries with backoff.
+    pub async fn connect(endpoints: &[String], root: &str, claim_ttl: Duration) -> Result<Self> {
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5))
+            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
+        let client = Client::connect(endpoints, Some(opts))
+            .await
+            .map_err(|e| StoreError::classify("connect", e))?;
+        let store = Self {
+            client,
+            keys: Keys::new(root),
+            round_trips: Arc::new(AtomicU64::new(0)),
+            claim_ttl,
+            spare: Arc::new(Mutex::new(None)),
+        };
+        // Connecting is lazy in tonic: one cheap read proves the server answers.
+        store
+            .client()
+            .get(store.keys.root(), Some(GetOptions::new().with_count_only()))
+            .await
+            .map_err(|e| StoreError::classify("connect", e))?;
+        Ok(store)
+    }
+
+    /// The key layout.
+    pub fn keys(&self) -> &Keys {
+        &self.keys
+    }
+
+    /// The etcd client (cheap clone).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// etcd round trips made so far through this store (and its clones).
+    pub fn round_trips(&self) -> u64 {
+        self.round_trips.load(Ordering::Relaxed)
+    }
+
+    fn rt(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
+        self.rt();
+        self.client()
+            .txn(txn)
+            .await
+            .map_err(|e| StoreError::classify(op, e))
+    }
+
+    /// Grants a lease of `ttl`.
+    pub async fn grant(&self, ttl: Duration) -> Result<i64> {
+        self.rt();
+        let secs = i64::try_from(ttl.as_secs().max(1)).unwrap_or(i64::MAX);
+        let r = self
+            .client()
+            .lease_grant(secs, None)
+            .await
+            .map_err(|e| StoreError::classify("lease_grant", e))?;
+        Ok(r.id())
+    }
+
+    /// Revokes a lease (deleting every key bound to it).
+    pub async fn revoke(&self, lease: i64) -> Result<()> {
+        self.rt();
+        self.client()
+            .lease_revoke(lease)
+            .await
+            .map_err(|e| StoreError::classify("lease_revoke", e))?;
+        Ok(())
+    }
+
+    /// Opens a keepalive stream for `lease`.
+    pub async fn keep_alive(&self, lease: i64) -> Result<(LeaseKeeper, LeaseKeepAliveStream)> {
+        self.rt();
+        self.client()
+            .lease_keep_alive(lease)
+            .await
+            .map_err(|e| StoreError::classify("lease_keep_alive", e))
+    }
+
+    /// Remaining TTL of `lease` in seconds (<= 0: gone). etcd-client reports an expired
+    /// lease on the keepalive stream only as a string, so the agent asks directly.
+    pub async fn lease_ttl(&self, lease: i64) -> Result<i64> {
+        self.rt();
+        let r = self
+            .client()
+            .lease_time_to_live(lease, None)
+            .await
+            .map_err(|e| StoreError::classify("lease_time_to_live", e))?;
+        Ok(r.ttl())
+    }
+
+    /// Makes sure a fresh spare lease is ready for the next claim (off the critical
+    /// path). A spare older than a quarter of the claim TTL is replaced, so a claim
+    /// always has at least three quarters of its TTL left.
+    pub async fn prepare_claim_lease(&self) -> Result<()> {
+        let max_age = self.claim_ttl / 4;
+        {
+            let spare = self.spare.lock().await;
+            if let Some((_, at)) = *spare
+                && at.elapsed() < max_age
+            {
+                return Ok(());
+            }
+        }
+        let lease = self.grant(self.claim_ttl).await?;
+        *self.spare.lock().await = Some((lease, Instant::now()));
+        Ok(())
+    }
+
+    async fn take_claim_lease(&self) -> Result<i64> {
+        let taken = self.spare.lock().await.take();
+        match taken {
+            Some((lease, at)) if at.elapsed() < self.claim_ttl / 4 => Ok(lease),
+            _ => self.grant(self.claim_ttl).await,
+        }
+    }
+
+    /// `record_intent` + `claim` (+ `recheck_intent`) + `read_generation`, one transaction.
+    pub async fn claim(
+        &self,
+        victim: &Victim,
+        controller: &str,
+        guard: ClaimGuard,
+    ) -> Result<ClaimResult> {
+        let k = &self.keys;
+        let n = &victim.node;
+        let lease = self.take_claim_lease().await?;
+        let mut when = vec![absent(k.claim(n)), absent(k.membership(n))];
+        match guard {
+            ClaimGuard::Watch => when.push(absent(k.departed(n))),
+            ClaimGuard::IgnoreDeparture => {}
+            ClaimGuard::Sweep(g) => {
+                when.push(Compare::mod_revision(
+                    k.pending(n),
+                    CompareOp::Equal,
+                    g.pending_rev,
+                ));
+                when.push(Compare::mod_revision(
+                    k.done(n),
+                    CompareOp::Equal,
+                    g.done_rev,
+                ));
+                when.push(Compare::mod_revision(
+                    k.departed(n),
+                    CompareOp::Equal,
+                    g.departed_rev,
+                ));
+            }
+        }
+        let txn = Txn::new()
+            .when(when)
+            .and_then(vec![
+                TxnOp::put(k.pending(n), victim.instance.clone(), None),
+                TxnOp::put(
+                    k.claim(n),
+                    controller,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(k.generation(n), None),
+                TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
+            ])
+            .or_else(vec![
+                TxnOp::get(k.claim(n), None),
+                TxnOp::get(k.membership(n), None),
+                TxnOp::get(k.departed(n), None),
+                TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
+            ]);
+        let resp = match self.txn("claim", txn).await {
+            Ok(r) => r,
+            Err(e) => {
+                // The lease may be unused: put it back only if the claim surely did not land.
+                return Err(e);
+            }
+        };
+        let ops = resp.op_responses();
+        if resp.succeeded() {
+            let (generation, generation_rev) = match kvs(&ops[2]).first() {
+                Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
+                None => (0, 0),
+            };
+            let arenas = kvs(&ops[3])
+                .iter()
+                .filter_map(|kv| k.arena_node_of(kv.key()).map(|(_, a)| a))
+                .collect();
+            return Ok(ClaimResult::Outcome(ClaimOutcome::Won {
+                generation,
+                generation_rev,
+                claim_rev: revision(&resp),
+                arenas,
+            }));
+        }
+        // The lease was not used: keep it as the spare.
+        *self.spare.lock().await = Some((lease, Instant::now() - self.claim_ttl / 8));
+        if let Some(kv) = kvs(&ops[0]).first() {
+            return Ok(ClaimResult::Outcome(ClaimOutcome::Held { by: text(kv) }));
+        }
+        if !kvs(&ops[1]).is_empty() {
+            return Ok(ClaimResult::Refused(ClaimRefusal::Member));
+        }
+        match guard {
+            ClaimGuard::Sweep(_) => Ok(ClaimResult::Refused(ClaimRefusal::SnapshotAged)),
+            _ if !kvs(&ops[2]).is_empty() => Ok(ClaimResult::Refused(ClaimRefusal::Departed {
+                arenas: Some(count(&ops[3]).max(kvs(&ops[3]).len())),
+            })),
+            _ => Ok(ClaimResult::Refused(ClaimRefusal::SnapshotAged)),
+        }
+    }
+
+    /// `bump` + `mark_done` + `clear_intent` + `release_arenas` (when `release` is
+    /// given) + audit record + `release_claim`, one transaction guarded by the
+    /// generation compare and our claim.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn finish(
+        &self,
+        node: &NodeId,
+        from: u64,
+        generation_rev: i64,
+        claim_rev: i64,
+        release: Option<&[String]>,
+        audit_json: String,
+    ) -> Result<BumpOutcome> {
+        let k = &self.keys;
+        let to = from + 1;
+        let mut ops = vec![
+            TxnOp::put(k.generation(node), to.to_string(), None),
+            TxnOp::put(k.done(node), to.to_string(), None),
+            TxnOp::delete(k.pending(node), None),
+        ];
+        for arena in release.unwrap_or_default() {
+            ops.push(TxnOp::delete(k.arena_owner(arena), None));
+            ops.push(TxnOp::delete(k.arena_node(node, arena), None));
+            ops.push(TxnOp::put(k.arena_free(arena), "", None));
+        }
+        ops.push(TxnOp::put(k.audit(node, to), audit_json, None));
+        ops.push(TxnOp::delete(k.claim(node), None));
+        let txn = Txn::new()
+            .when(vec![
+                Compare::mod_revision(k.generation(node), CompareOp::Equal, generation_rev),
+                Compare::create_revision(k.claim(node), CompareOp::Equal, claim_rev),
+            ])
+            .and_then(ops)
+            .or_else(vec![
+                TxnOp::get(k.generation(node), None),
+                TxnOp::get(k.claim(node), None),
+            ]);
+        let resp = self.txn("finish", txn).await?;
+        if resp.succeeded() {
+            return Ok(BumpOutcome::Bumped);
+        }
+        let ops = resp.op_responses();
+        let now = match kvs(&ops[0]).first() {
+            Some(kv) => parse_u64(kv)?,
+            None => 0,
+        };
+        let claim_ok = kvs(&ops[1])
+            .first()
+            .is_some_and(|kv| kv.create_revision() == claim_rev);
+        if claim_ok {
+            Ok(BumpOutcome::GenerationMoved { now })
+        } else {
+            Ok(BumpOutcome::ClaimLost)
+        }
+    }
+
+    /// A failed fence: `release_claim` (only our own claim) and write the audit record
+    /// of the attempt. The intent stays: the fence is still owed.
+    pub async fn abort(
+        &self,
+        node: &NodeId,
+        claim_rev: i64,
+        generation: u64,
+        unix_ms: u64,
+        audit_json: String,
+    ) -> Result<()> {
+        let k = &self.keys;
+        let audit_key = format!("{}.failed.{unix_ms}", k.audit(node, generation));
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                k.claim(node),
+                CompareOp::Equal,
+                claim_rev,
+            )])
+            .and_then(vec![
+                TxnOp::delete(k.claim(node), None),
+                TxnOp::put(audit_key.clone(), audit_json.clone(), None),
+            ])
+            .or_else(vec![TxnOp::put(audit_key, audit_json, None)]);
+        self.txn("abort", txn).await?;
+        Ok(())
+    }
+
+    /// A departure marker was honoured: nothing to write (the watch path wrote nothing).
+    /// The sweep drops the stale intent and mark of a live member with this.
+    pub async fn drop_stale(&self, node: &NodeId) -> Result<bool> {
+        let k = &self.keys;
+        let txn = Txn::new()
+            .when(vec![Compare::version(
+                k.membership(node),
+                CompareOp::Greater,
+                0,
+            )])
+            .and_then(vec![
+                TxnOp::delete(k.pending(node), None),
+                TxnOp::delete(k.done(node), None),
+            ]);
+        Ok(self.txn("drop_stale", txn).await?.succeeded())
+    }
+
+    /// `sweep`: one transaction of range reads.
+    pub async fn sweep_snapshot(&self) -> Result<(SweepSnapshot, i64)> {
+        let k = &self.keys;
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(k.generation_prefix(), prefix()),
+            TxnOp::get(k.pending_prefix(), prefix()),
+            TxnOp::get(k.done_prefix(), prefix()),
+            TxnOp::get(k.membership_prefix(), prefix()),
+            TxnOp::get(k.departed_prefix(), prefix()),
+            TxnOp::get(k.arena_node_all_prefix(), prefix_keys_only()),
+            TxnOp::get(k.claim_prefix(), prefix_keys_only()),
+        ]);
+        let resp = self.txn("sweep", txn).await?;
+        let ops = resp.op_responses();
+        let mut s = SweepSnapshot::default();
+        for kv in kvs(&ops[0]) {
+            if let Some(n) = k.node_of(&k.generation_prefix(), kv.key()) {
+                s.generations.insert(n, (parse_u64(kv)?, kv.mod_revision()));
+            }
+        }
+        for kv in kvs(&ops[1]) {
+            if let Some(n) = k.node_of(&k.pending_prefix(), kv.key()) {
+                s.pending.insert(n, (text(kv), kv.mod_revision()));
+            }
+        }
+        for kv in kvs(&ops[2]) {
+            if let Some(n) = k.node_of(&k.done_prefix(), kv.key()) {
+                s.done.insert(n, kv.mod_revision());
+            }
+        }
+        for kv in kvs(&ops[3]) {
+            if let Some(n) = k.node_of(&k.membership_prefix(), kv.key()) {
+                s.members.insert(n, text(kv));
+            }
+        }
+        for kv in kvs(&ops[4]) {
+            if let Some(n) = k.node_of(&k.departed_prefix(), kv.key()) {
+                s.departed.insert(n, (text(kv), kv.mod_revision()));
+            }
+        }
+        for kv in kvs(&ops[5]) {
+            if let Some((n, _)) = k.arena_node_of(kv.key()) {
+                *s.arenas.entry(n).or_default() += 1;
+            }
+        }
+        for kv in kvs(&ops[6]) {
+            if let Some(n) = k.node_of(&k.claim_prefix(), kv.key()) {
+                s.claims.insert(n);
+            }
+        }
+        Ok((s, revision(&resp)))
+    }
+
+    /// Opens the membership watch from `start_rev` (0: from now), with previous values
+    /// (the instance id of a deleted member).
+    pub async fn watch_membership(&self, start_rev: i64) -> Result<WatchStream> {
+        self.rt();
+        let mut opts = WatchOptions::new().with_prefix().with_prev_key();
+        if start_rev > 0 {
+            opts = opts.with_start_revision(start_rev);
+        }
+        self.client()
+            .watch(self.keys.membership_prefix(), Some(opts))
+            .await
+            .map_err(|e| StoreError::classify("watch", e))
+    }
+
+    /// `join`: `membership/<node>` on `lease` (value = instance id), dropping a stale
+    /// intent, mark and departure marker, reading our generation. Refused (returns
+    /// `None`) while a controller holds a fence claim on us or we are already a member.
+    pub async fn join(&self, node: &NodeId, instance: &str, lease: i64) -> Result<Option<Joined>> {
+        let k = &self.keys;
+        let txn = Txn::new()
+            .when(vec![absent(k.claim(node)), absent(k.membership(node))])
+            .and_then(vec![
+                TxnOp::put(
+                    k.membership(node),
+                    instance,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::delete(k.pending(node), None),
+                TxnOp::delete(k.done(node), None),
+                TxnOp::delete(k.departed(node), None),
+                TxnOp::get(k.generation(node), None),
+            ]);
+        let resp = self.txn("join", txn).await?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let membership_rev = revision(&resp);
+        let ops = resp.op_responses();
+        let generation = match kvs(&ops[4]).first() {
+            Some(kv) => parse_u64(kv)?,
+            None => {
+                // First join ever: make the node known to the sweep by `gen/`.
+                let txn = Txn::new()
+                    .when(vec![absent(k.generation(node))])
+                    .and_then(vec![TxnOp::put(k.generation(node), "0", None)]);
+                self.txn("join", txn).await?;
+                0
+            }
+        };
+        Ok(Some(Joined {
+            membership_rev,
+            generation,
+        }))
+    }
+
+    /// `read_own_generation` (and anyone's): the generation and its mod revision.
+    pub async fn generation(&self, node: &NodeId) -> Result<(u64, i64)> {
+        self.rt();
+        let r = self
+            .client()
+            .get(self.keys.generation(node), None)
+            .await
+            .map_err(|e| StoreError::classify("read_generation", e))?;
+        match r.kvs().first() {
+            Some(kv) => Ok((parse_u64(kv)?, kv.mod_revision())),
+            None => Ok((0, 0)),
+        }
+    }
+
+    /// Is `membership/<node>` still ours (created at `membership_rev`)?
+    pub async fn is_member(&self, node: &NodeId, membership_rev: i64) -> Result<bool> {
+        self.rt();
+        let r = self
+            .client()
+            .get(self.keys.membership(node), None)
+            .await
+            .map_err(|e| StoreError::classify("membership", e))?;
+        Ok(r.kvs()
+            .first()
+            .is_some_and(|kv| kv.create_revision() == membership_rev))
+    }
+
+    /// Puts arenas into the free pool unless someone owns them (administration, tests).
+    pub async fn add_free_arenas(&self, arenas: &[String]) -> Result<()> {
+        for a in arenas {
+            let txn = Txn::new()
+                .when(vec![absent(self.keys.arena_owner(a))])
+                .and_then(vec![TxnOp::put(self.keys.arena_free(a), "", None)]);
+            self.txn("add_free_arena", txn).await?;
+        }
+        Ok(())
+    }
+
+    /// `claim_arena`: create-only claim of a free arena, conditioned on our live
+    /// membership. Returns whether we got it.
+    pub async fn claim_arena(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+        arena: &str,
+    ) -> Result<bool> {
+        let k = &self.keys;
+        let txn = Txn::new()
+            .when(vec![
+                Compare::create_revision(k.membership(node), CompareOp::Equal, membership_rev),
+                Compare::version(k.arena_free(arena), CompareOp::Greater, 0),
+                absent(k.arena_owner(arena)),
+            ])
+            .and_then(vec![
+                TxnOp::delete(k.arena_free(arena), None),
+                TxnOp::put(k.arena_owner(arena), node.as_str(), None),
+                TxnOp::put(k.arena_node(node, arena), "", None),
+            ]);
+        Ok(self.txn("claim_arena", txn).await?.succeeded())
+    }
+
+    /// The free pool.
+    pub async fn free_arenas(&self) -> Result<Vec<String>> {
+        self.rt();
+        let p = self.keys.arena_free_prefix();
+        let r = self
+            .client()
+            .get(p.clone(), prefix_keys_only())
+            .await
+            .map_err(|e| StoreError::classify("free_arenas", e))?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| {
+                std::str::from_utf8(kv.key())
+                    .ok()?
+                    .strip_prefix(&p)
+                    .map(str::to_owned)
+            })
+            .collect())
+    }
+
+    /// The arenas `node` owns.
+    pub async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>> {
+        self.rt();
+        let r = self
+            .client()
+            .get(self.keys.arena_node_prefix(node), prefix_keys_only())
+            .await
+            .map_err(|e| StoreError::classify("owned_arenas", e))?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| self.keys.arena_node_of(kv.key()).map(|(_, a)| a))
+            .collect())
+    }
+
+    /// `release_own_arenas`: gives one arena back (only if we own it).
+    pub async fn release_arena(&self, node: &NodeId, arena: &str) -> Result<bool> {
+        let k = &self.keys;
+        let txn = Txn::new()
+            .when(vec![Compare::value(
+                k.arena_owner(arena),
+                CompareOp::Equal,
+                node.as_str(),
+            )])
+            .and_then(vec![
+                TxnOp::delete(k.arena_owner(arena), None),
+                TxnOp::delete(k.arena_node(node, arena), None),
+                TxnOp::put(k.arena_free(arena), "", None),
+            ]);
+        Ok(self.txn("release_arena", txn).await?.succeeded())
+    }
+
+    /// `depart`: one transaction conditioned on our own live membership puts
+    /// `departed/<node>` and deletes `membership/<node>`. `false`: not a member any more
+    /// (a node whose lease expired cannot exempt itself).
+    pub async fn depart(&self, node: &NodeId, instance: &str, membership_rev: i64) -> Result<bool> {
+        let k = &self.keys;
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                k.membership(node),
+                CompareOp::Equal,
+                membership_rev,
+            )])
+            .and_then(vec![
+                TxnOp::put(k.departed(node), instance, None),
+                TxnOp::delete(k.membership(node), None),
+            ]);
+        Ok(self.txn("depart", txn).await?.succeeded())
+    }
+
+    /// Audit records of `node` (JSON), oldest first.
+    pub async fn audit_records(&self, node: &NodeId) -> Result<Vec<serde_json::Value>> {
+        self.rt();
+        let r = self
+            .client()
+            .get(format!("{}{node}/", self.keys.audit_prefix()), prefix())
+            .await
+            .map_err(|e| StoreError::classify("audit", e))?;
+        Ok(r.kvs()
+            .iter()
+            .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
+            .collect())
+    }
+
+    /// Everything `fenced status` shows, in one transaction.
+    pub async fn status(&self) -> Result<Status> {
+        let k = &self.keys;
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(k.membership_prefix(), prefix()),
+            TxnOp::get(k.generation_prefix(), prefix()),
+            TxnOp::get(k.pending_prefix(), prefix()),
+            TxnOp::get(k.done_prefix(), prefix()),
+            TxnOp::get(k.claim_prefix(), prefix()),
+            TxnOp::get(k.departed_prefix(), prefix_keys_only()),
+            TxnOp::get(format!("{}arena_owner/", k.root()), prefix()),
+            TxnOp::get(k.arena_free_prefix(), prefix_keys_only()),
+            TxnOp::get(
+                k.audit_prefix(),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
+        ]);
+        let resp = self.txn("status", txn).await?;
+        let ops = resp.op_responses();
+        let tail = |prefix: String, kv: &KeyValue| {
+            String::from_utf8_lossy(kv.key())
+                .strip_prefix(&prefix)
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let pairs = |i: usize, prefix: String| -> Vec<(String, String)> {
+            kvs(&ops[i])
+                .iter()
+                .map(|kv| (tail(prefix.clone(), kv), text(kv)))
+                .collect()
+        };
+        let nums = |i: usize, prefix: String| -> Vec<(String, u64)> {
+            kvs(&ops[i])
+                .iter()
+                .map(|kv| (tail(prefix.clone(), kv), parse_u64(kv).unwrap_or(0)))
+                .collect()
+        };
+        Ok(Status {
+            members: pairs(0, k.membership_prefix()),
+            generations: nums(1, k.generation_prefix()),
+            owed: pairs(2, k.pending_prefix()),
+            done: nums(3, k.done_prefix()),
+            claims: pairs(4, k.claim_prefix()),
+            departed: kvs(&ops[5])
+                .iter()
+                .map(|kv| tail(k.departed_prefix(), kv))
+                .collect(),
+            arenas: pairs(6, format!("{}arena_owner/", k.root())),
+            free_arenas: kvs(&ops[7])
+                .iter()
+                .map(|kv| tail(k.arena_free_prefix(), kv))
+                .collect(),
+            audit_records: count(&ops[8]),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: tonic::Code, msg: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn classification() {
+        use tonic::Code;
+        let e = StoreError::classify(
+            "watch",
+            status(
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+        );
+        assert!(e.is_compacted() && !e.is_retryable());
+        let e = StoreError::classify(
+            "txn",
+            status(Code::Unavailable, "etcdserver: leader changed"),
+        );
+        assert!(e.is_retryable());
+        let e = StoreError::classify(
+            "txn",
+            status(Code::DeadlineExceeded, "context deadline exceeded"),
+        );
+        assert!(e.is_retryable());
+        let e = StoreError::classify(
+            "lease_keep_alive",
+            status(Code::NotFound, "etcdserver: requested lease not found"),
+        );
+        assert!(e.is_lease_gone());
+        let e = StoreError::classify(
+            "lease_keep_alive",
+            etcd_client::Error::LeaseKeepAliveError("lease expired or revoked".into()),
+        );
+        assert!(e.is_lease_gone());
+        let e = StoreError::classify(
+            "txn",
+            status(
+                Code::InvalidArgument,
+                "etcdserver: too many operations in txn request",
+            ),
+        );
+        assert!(!e.is_retryable() && !e.is_compacted() && !e.is_lease_gone());
+        assert!(e.to_string().starts_with("etcd error during txn"));
+    }
+}
