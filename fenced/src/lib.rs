@@ -7,7 +7,11 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod agent;
+pub mod controller;
 pub mod core;
+pub mod fencer;
+pub mod guard;
 pub mod keys;
 pub mod node;
 pub mod store;

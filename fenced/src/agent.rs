@@ -1,0 +1,523 @@
+//! The node agent (one per host that writes the shared namespace): join on a lease,
+//! unfence safely, keep the lease alive, self-fence, claim arenas, leave cleanly.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, ReservationType};
+use tokio::sync::Notify;
+
+use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
+use crate::fencer::{Device, key_registered};
+use crate::guard::GenerationGuard;
+use crate::node::NodeId;
+use crate::store::{EtcdStore, Joined, StoreError};
+
+/// Agent settings.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// Our node id.
+    pub node: NodeId,
+    /// Our instance id (membership value).
+    pub instance: String,
+    /// Membership lease TTL (default 5 s).
+    pub ttl: Duration,
+    /// Self-fence when the lease was not renewed for this long (default 2 × TTL).
+    pub self_fence_margin: Duration,
+    /// Arenas to claim after joining.
+    pub arenas: usize,
+    /// How often the device's reservation report is checked.
+    pub device_check_interval: Duration,
+    /// Arm this watchdog device (e.g. `/dev/watchdog`): petted while healthy; a
+    /// self-fence stops petting it, so the host reboots.
+    pub watchdog_device: Option<PathBuf>,
+    /// How long to keep retrying a join refused because a fence claim is held on us
+    /// or our previous membership has not expired yet.
+    pub join_timeout: Duration,
+}
+
+impl AgentConfig {
+    /// Defaults: TTL 5 s, margin 2 × TTL, no arenas, device check every second.
+    pub fn new(node: NodeId, instance: impl Into<String>) -> Self {
+        let ttl = Duration::from_secs(5);
+        Self {
+            node,
+            instance: instance.into(),
+            ttl,
+            self_fence_margin: 2 * ttl,
+            arenas: 0,
+            device_check_interval: Duration::from_secs(1),
+            watchdog_device: None,
+            join_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+const GATE_OPEN: u8 = 0;
+const GATE_QUIESCED: u8 = 1;
+const GATE_FENCED: u8 = 2;
+
+/// The I/O gate the storage side consults before every write: open, quiesced
+/// (leaving) or fenced. A writer that gets `ReservationConflict` reports it here.
+#[derive(Debug, Clone, Default)]
+pub struct IoGate {
+    state: Arc<AtomicU8>,
+    conflict: Arc<Notify>,
+}
+
+impl IoGate {
+    /// Writes may be issued.
+    pub fn is_open(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == GATE_OPEN
+    }
+    /// The node self-fenced: no write may be issued again by this process.
+    pub fn is_fenced(&self) -> bool {
+        self.state.load(Ordering::SeqCst) == GATE_FENCED
+    }
+    fn quiesce(&self) {
+        let _ = self.state.compare_exchange(
+            GATE_OPEN,
+            GATE_QUIESCED,
+            Ordering::SeqCst,
+            Ordering::SeqCst,
+        );
+    }
+    fn fence(&self) {
+        self.state.store(GATE_FENCED, Ordering::SeqCst);
+    }
+    /// A write failed with a reservation conflict: this node was fenced. The agent
+    /// self-fences (it never re-registers its key).
+    pub fn report_conflict(&self) {
+        self.fence();
+        self.conflict.notify_one();
+    }
+}
+
+/// Why the agent stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentExit {
+    /// Left cleanly: quiesced, arenas returned, departure marker written.
+    Left,
+    /// Leaving failed part-way (no departure marker): peers will fence us.
+    LeaveIncomplete {
+        /// What failed.
+        reason: String,
+    },
+    /// Self-fenced: I/O stopped; the process must exit non-zero.
+    SelfFenced {
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Errors starting the agent.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// etcd failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The join was refused for longer than the join timeout.
+    #[error(
+        "join refused for {waited:?}: a fence of {node} is in progress or its previous membership has not expired"
+    )]
+    JoinRefused {
+        /// Our node.
+        node: NodeId,
+        /// How long we tried.
+        waited: Duration,
+    },
+    /// The device refused a reservation command.
+    #[error("unfence on the device failed during {step}: {source}")]
+    Device {
+        /// `unfence` sub-step.
+        step: &'static str,
+        /// The device error.
+        #[source]
+        source: nvme_resv::Error,
+    },
+    /// The watchdog device could not be opened.
+    #[error("cannot arm watchdog {path}: {source}")]
+    Watchdog {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A running node agent.
+pub struct Agent {
+    store: EtcdStore,
+    cfg: AgentConfig,
+    device: Option<Device>,
+    own_key: Key,
+    gate: IoGate,
+    joined: Joined,
+    lease: i64,
+    arenas: Vec<String>,
+    watchdog: Option<File>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("node", &self.cfg.node)
+            .field("lease", &self.lease)
+            .field("joined", &self.joined)
+            .field("arenas", &self.arenas)
+            .finish_non_exhaustive()
+    }
+}
+
+fn dev<T>(step: &'static str, r: nvme_resv::Result<T>) -> Result<T, AgentError> {
+    r.map_err(|source| AgentError::Device { step, source })
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(v) => v,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}
+
+impl Agent {
+    /// `join` + `read_own_generation` + `unfence` + `claim_arena`.
+    ///
+    /// `own_key` is this node's reservation key (`nvme_resv::key_for_node`).
+    pub async fn start(
+        store: EtcdStore,
+        cfg: AgentConfig,
+        device: Option<Device>,
+        own_key: Key,
+    ) -> Result<Self, AgentError> {
+        let watchdog = match &cfg.watchdog_device {
+            Some(p) => Some(File::options().write(true).open(p).map_err(|source| {
+                AgentError::Watchdog {
+                    path: p.clone(),
+                    source,
+                }
+            })?),
+            None => None,
+        };
+        let lease = store.grant(cfg.ttl).await?;
+        let t0 = Instant::now();
+        let joined = loop {
+            if let Some(j) = store.join(&cfg.node, &cfg.instance, lease).await? {
+                break j;
+            }
+            if t0.elapsed() > cfg.join_timeout {
+                let _ = store.revoke(lease).await;
+                return Err(AgentError::JoinRefused {
+                    node: cfg.node.clone(),
+                    waited: t0.elapsed(),
+                });
+            }
+            // Keep our own fresh lease alive while we wait.
+            if let Ok((mut k, _s)) = store.keep_alive(lease).await {
+                let _ = k.keep_alive().await;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        tracing::info!(step = "join", node = %cfg.node, instance = %cfg.instance, lease, membership_rev = joined.membership_rev, "joined membership");
+        tracing::info!(step = "read_own_generation", node = %cfg.node, generation = joined.generation, "generation read");
+        let mut agent = Self {
+            store,
+            cfg,
+            device,
+            own_key,
+            gate: IoGate::default(),
+            joined,
+            lease,
+            arenas: Vec::new(),
+            watchdog,
+        };
+        agent.unfence().await?;
+        agent.claim_arenas().await?;
+        Ok(agent)
+    }
+
+    async fn unfence(&self) -> Result<(), AgentError> {
+        let Some(device) = self.device.clone() else {
+            return Ok(());
+        };
+        // Only with live membership, after reading our generation (both done by join).
+        if !self
+            .store
+            .is_member(&self.cfg.node, self.joined.membership_rev)
+            .await?
+        {
+            return Err(AgentError::JoinRefused {
+                node: self.cfg.node.clone(),
+                waited: Duration::ZERO,
+            });
+        }
+        let key = self.own_key;
+        let (registered_before, held) = blocking(move || -> Result<_, AgentError> {
+            let before = dev("unfence", device.report())?;
+            let was = key_registered(&before, key);
+            if !was {
+                dev(
+                    "unfence",
+                    device.register(&Register {
+                        rrega: RegisterAction::Register,
+                        crkey: Key(0),
+                        nrkey: key,
+                        iekey: false,
+                        cptpl: Cptpl::NoChange,
+                    }),
+                )?;
+            }
+            let now = dev("unfence", device.report())?;
+            if now.rtype == ReservationType::NONE {
+                let r = device.acquire(&Acquire {
+                    racqa: AcquireAction::Acquire,
+                    rtype: ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                    crkey: key,
+                    prkey: Key(0),
+                    iekey: false,
+                });
+                // A peer may have acquired between our report and our acquire.
+                if let Err(e) = r {
+                    let again = dev("unfence", device.report())?;
+                    if again.rtype == ReservationType::NONE {
+                        return Err(AgentError::Device {
+                            step: "unfence",
+                            source: e,
+                        });
+                    }
+                }
+            }
+            let after = dev("unfence", device.report())?;
+            Ok((was, after.rtype))
+        })
+        .await?;
+        tracing::info!(step = "unfence", node = %self.cfg.node, key = format_args!("{:#x}", key.0), already_registered = registered_before, rtype = held.0, "registered on the device");
+        Ok(())
+    }
+
+    async fn claim_arenas(&mut self) -> Result<(), AgentError> {
+        self.arenas = self.store.owned_arenas(&self.cfg.node).await?;
+        if self.arenas.len() >= self.cfg.arenas {
+            return Ok(());
+        }
+        for arena in self.store.free_arenas().await? {
+            if self.arenas.len() >= self.cfg.arenas {
+                break;
+            }
+            if self
+                .store
+                .claim_arena(&self.cfg.node, self.joined.membership_rev, &arena)
+                .await?
+            {
+                tracing::info!(step = "claim_arena", node = %self.cfg.node, arena = %arena, "arena claimed");
+                self.arenas.push(arena);
+            }
+        }
+        if self.arenas.len() < self.cfg.arenas {
+            tracing::warn!(node = %self.cfg.node, wanted = self.cfg.arenas, got = self.arenas.len(), "free pool exhausted");
+        }
+        Ok(())
+    }
+
+    /// The I/O gate.
+    pub fn gate(&self) -> IoGate {
+        self.gate.clone()
+    }
+
+    /// Our generation when we joined.
+    pub fn generation(&self) -> u64 {
+        self.joined.generation
+    }
+
+    /// Our membership's `create_revision`.
+    pub fn membership_rev(&self) -> i64 {
+        self.joined.membership_rev
+    }
+
+    /// Our membership lease.
+    pub fn lease(&self) -> i64 {
+        self.lease
+    }
+
+    /// The arenas we own.
+    pub fn arenas(&self) -> &[String] {
+        &self.arenas
+    }
+
+    /// The generation guard for our metadata transactions.
+    pub fn guard(&self) -> GenerationGuard {
+        GenerationGuard::new(self.store.keys(), &self.cfg.node, self.joined.generation)
+    }
+
+    fn pet(&mut self) {
+        if let Some(w) = &mut self.watchdog {
+            let _ = w.write_all(b"\0");
+        }
+    }
+
+    fn self_fence(&mut self, reason: String) -> AgentExit {
+        self.gate.fence();
+        // Stop petting the hardware watchdog (never magic-close it): the host reboots.
+        self.watchdog = None;
+        tracing::error!(step = "self_fence", node = %self.cfg.node, reason = %reason, "SELF-FENCED: all I/O stopped");
+        AgentExit::SelfFenced { reason }
+    }
+
+    /// Keeps the lease alive, checks the device, and self-fences when needed, until
+    /// `leave` completes (SIGTERM / `fenced leave`), then leaves.
+    pub async fn run(mut self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
+        let mut watchdog = Watchdog::new(self.cfg.self_fence_margin, Instant::now());
+        let mut keepalive = self.store.keep_alive(self.lease).await.ok();
+        let mut tick_ka = tokio::time::interval((self.cfg.ttl / 3).max(Duration::from_millis(200)));
+        let mut tick_wd = tokio::time::interval(Duration::from_millis(100));
+        let mut tick_dev = tokio::time::interval(self.cfg.device_check_interval);
+        let conflict = self.gate.conflict.clone();
+        tokio::pin!(leave);
+        loop {
+            tokio::select! {
+                _ = &mut leave => return self.leave().await,
+                _ = conflict.notified() => {
+                    return self.self_fence("a write failed with a reservation conflict: this node was fenced".into());
+                }
+                _ = tick_ka.tick() => {
+                    let ok = match &mut keepalive {
+                        Some((keeper, stream)) => match keeper.keep_alive().await {
+                            Ok(()) => match tokio::time::timeout(self.cfg.ttl / 3, stream.message()).await {
+                                Ok(Ok(Some(resp))) => {
+                                    watchdog.on_keepalive(resp.ttl(), Instant::now());
+                                    if resp.ttl() <= 0 {
+                                        tracing::error!(step = "lease_expired", node = %self.cfg.node, "membership lease expired");
+                                    }
+                                    true
+                                }
+                                _ => false,
+                            },
+                            Err(_) => false,
+                        },
+                        None => false,
+                    };
+                    if !ok {
+                        // The stream broke (etcd unreachable): reopen, and ask etcd
+                        // directly whether the lease still exists.
+                        keepalive = self.store.keep_alive(self.lease).await.ok();
+                        if let Ok(ttl) = self.store.lease_ttl(self.lease).await && ttl <= 0 {
+                            watchdog.on_keepalive(0, Instant::now());
+                            tracing::error!(step = "lease_expired", node = %self.cfg.node, "membership lease expired");
+                        }
+                    }
+                }
+                _ = tick_wd.tick() => {
+                    match watchdog.verdict(Instant::now()) {
+                        WatchdogVerdict::Healthy { .. } => self.pet(),
+                        WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
+                            return self.self_fence(format!(
+                                "lease not renewed for {since_renewal:?} (margin {:?}, lease expired: {lease_expired})",
+                                self.cfg.self_fence_margin
+                            ));
+                        }
+                    }
+                }
+                _ = tick_dev.tick() => {
+                    if let Some(device) = self.device.clone() {
+                        let key = self.own_key;
+                        let verdict = blocking(move || -> nvme_resv::Result<DeviceVerdict> {
+                            let r = device.report()?;
+                            let v = check_device(key_registered(&r, key), r.rtype != ReservationType::NONE);
+                            if v == DeviceVerdict::Acquire {
+                                device.acquire(&Acquire {
+                                    racqa: AcquireAction::Acquire,
+                                    rtype: ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                                    crkey: key,
+                                    prkey: Key(0),
+                                    iekey: false,
+                                })?;
+                            }
+                            Ok(v)
+                        }).await;
+                        match verdict {
+                            Ok(DeviceVerdict::Preempted) => {
+                                // Never re-register: only a fresh start that rejoins may.
+                                return self.self_fence(format!(
+                                    "our reservation key {:#x} was preempted", key.0
+                                ));
+                            }
+                            Ok(DeviceVerdict::Acquire) => tracing::info!(node = %self.cfg.node, "no reservation held: acquired Write Exclusive - Registrants Only"),
+                            Ok(DeviceVerdict::Ok) => {}
+                            Err(e) => tracing::warn!(node = %self.cfg.node, error = %e, "reservation report failed"),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `quiesce` → `release_own_arenas` → `depart`.
+    async fn leave(mut self) -> AgentExit {
+        let node = self.cfg.node.clone();
+        self.gate.quiesce();
+        tracing::info!(step = "quiesce", node = %node, "I/O stopped, leaving");
+        let owned = match self.store.owned_arenas(&node).await {
+            Ok(a) => a,
+            Err(e) => return self.leave_incomplete(format!("reading our arenas failed: {e}")),
+        };
+        for arena in &owned {
+            match self.store.release_arena(&node, arena).await {
+                Ok(true) => {
+                    tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned")
+                }
+                Ok(false) => {
+                    return self.leave_incomplete(format!("arena {arena} is not ours any more"));
+                }
+                Err(e) => {
+                    return self.leave_incomplete(format!("returning arena {arena} failed: {e}"));
+                }
+            }
+        }
+        if let Some(device) = self.device.clone() {
+            let key = self.own_key;
+            let r = blocking(move || {
+                device.register(&Register {
+                    rrega: RegisterAction::Unregister,
+                    crkey: key,
+                    nrkey: Key(0),
+                    iekey: false,
+                    cptpl: Cptpl::NoChange,
+                })
+            })
+            .await;
+            if let Err(e) = r {
+                tracing::warn!(node = %node, error = %e, "unregistering our key failed");
+            }
+        }
+        match self
+            .store
+            .depart(&node, &self.cfg.instance, self.joined.membership_rev)
+            .await
+        {
+            Ok(true) => {
+                let _ = self.store.revoke(self.lease).await;
+                if let Some(w) = &mut self.watchdog {
+                    let _ = w.write_all(b"V"); // magic close: disarm
+                }
+                tracing::info!(step = "depart", node = %node, "departed: marker written, membership deleted");
+                AgentExit::Left
+            }
+            Ok(false) => {
+                self.leave_incomplete("membership no longer live: departure refused".into())
+            }
+            Err(e) => self.leave_incomplete(format!("departure transaction failed: {e}")),
+        }
+    }
+
+    fn leave_incomplete(&mut self, reason: String) -> AgentExit {
+        self.gate.fence();
+        tracing::error!(step = "depart", node = %self.cfg.node, reason = %reason, "leave incomplete: no departure marker, peers will fence this node");
+        AgentExit::LeaveIncomplete { reason }
+    }
+}

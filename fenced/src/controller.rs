@@ -1,0 +1,427 @@
+//! The controller (runs in every daemon, any number of replicas): membership watch,
+//! authoritative sweep, and the driver that runs a [`FenceRun`] against etcd and a
+//! [`Fencer`].
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use etcd_client::EventType;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+
+use crate::core::{
+    ClaimOutcome, FenceAction, FenceRun, FenceState, Trigger, Victim, honour_departure, plan_sweep,
+};
+use crate::fencer::Fencer;
+use crate::store::{ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError};
+
+/// Controller settings.
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    /// This controller's id (written into claims and audit records).
+    pub id: String,
+    /// Reconciliation sweep period (default 30 s).
+    pub sweep_interval: Duration,
+}
+
+/// Counters (for tests, benches and `status`).
+#[derive(Debug, Default)]
+pub struct ControllerStats {
+    /// Fences this controller completed (generation bumped).
+    pub fenced: AtomicU64,
+    /// Fence attempts that failed (still owed).
+    pub failed: AtomicU64,
+    /// Fences skipped (claimed elsewhere, not owed).
+    pub skipped: AtomicU64,
+    /// Sweeps completed.
+    pub sweeps: AtomicU64,
+    /// Watch (re)connections.
+    pub watch_starts: AtomicU64,
+    /// Compacted-watch restarts.
+    pub watch_compacted: AtomicU64,
+    /// etcd round trips of the last completed fence's claim and finish transactions.
+    pub last_fence_round_trips: AtomicU64,
+}
+
+/// The controller.
+#[derive(Debug)]
+pub struct Controller {
+    store: EtcdStore,
+    fencer: Arc<dyn Fencer>,
+    cfg: ControllerConfig,
+    stats: ControllerStats,
+    sweep_now: Notify,
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Revision of the snapshot.
+    pub revision: i64,
+    /// Stale intents/marks dropped for live members.
+    pub dropped: usize,
+    /// Departures honoured.
+    pub honoured: usize,
+    /// Fences completed.
+    pub fenced: usize,
+    /// Fences attempted but not completed.
+    pub not_completed: usize,
+}
+
+impl Controller {
+    /// A controller fencing with `fencer`.
+    pub fn new(store: EtcdStore, fencer: Arc<dyn Fencer>, cfg: ControllerConfig) -> Arc<Self> {
+        if fencer.name() == "none" {
+            tracing::warn!(
+                controller = %cfg.id,
+                "SINGLE-SIGNAL FENCING: no fencer configured; generations are bumped on lease \
+                 expiry alone, device access is NOT severed and arenas of fenced nodes are NEVER \
+                 released"
+            );
+        }
+        Arc::new(Self {
+            store,
+            fencer,
+            cfg,
+            stats: ControllerStats::default(),
+            sweep_now: Notify::new(),
+        })
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &ControllerStats {
+        &self.stats
+    }
+
+    /// The store.
+    pub fn store(&self) -> &EtcdStore {
+        &self.store
+    }
+
+    /// Asks the sweep loop to run now.
+    pub fn kick_sweep(&self) {
+        self.sweep_now.notify_one();
+    }
+
+    /// Runs the watch and sweep loops until the returned task is aborted (dropping the
+    /// task aborts every fence it started, like a process death).
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let mut fences = JoinSet::new();
+            let sweeper = this.clone();
+            fences.spawn(async move { sweeper.sweep_loop().await });
+            this.watch_loop(&mut fences).await;
+        })
+    }
+
+    async fn sweep_loop(self: Arc<Self>) {
+        loop {
+            match self.sweep_once().await {
+                Ok(r) => tracing::debug!(step = "sweep", ?r, "sweep done"),
+                Err(e) => tracing::warn!(step = "sweep", error = %e, "sweep failed"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.cfg.sweep_interval) => {}
+                _ = self.sweep_now.notified() => {}
+            }
+        }
+    }
+
+    async fn watch_loop(self: &Arc<Self>, fences: &mut JoinSet<()>) {
+        // Start from "now": whatever happened before is the sweep's (it runs at once).
+        let mut last_rev: i64 = 0;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let _ = self.store.prepare_claim_lease().await;
+            let start = if last_rev > 0 { last_rev + 1 } else { 0 };
+            let mut stream = match self.store.watch_membership(start).await {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(step = "watch_resume", error = %e, ?backoff, "membership watch failed, retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            self.stats.watch_starts.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                step = "watch_resume",
+                from_revision = start,
+                "membership watch started"
+            );
+            loop {
+                let msg = match stream.message().await {
+                    Ok(Some(m)) => m,
+                    Ok(None) => {
+                        tracing::warn!(
+                            step = "watch_resume",
+                            "fencing watch channel closed, reconnecting"
+                        );
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!(step = "watch_resume", error = %e, "fencing watch channel failed, reconnecting");
+                        break;
+                    }
+                };
+                backoff = Duration::from_millis(100);
+                if msg.canceled() {
+                    if msg.compact_revision() > 0 {
+                        // Resuming would spin: start from now and let the sweep cover the gap.
+                        self.stats.watch_compacted.fetch_add(1, Ordering::Relaxed);
+                        tracing::warn!(
+                            step = "watch_compacted",
+                            last_revision = last_rev,
+                            compact_revision = msg.compact_revision(),
+                            "watch revision compacted; restarting from now, sweep covers the gap"
+                        );
+                        last_rev = 0;
+                        self.kick_sweep();
+                    } else {
+                        tracing::warn!(
+                            step = "watch_resume",
+                            reason = msg.cancel_reason(),
+                            "watch canceled, reconnecting"
+                        );
+                    }
+                    break;
+                }
+                for ev in msg.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    last_rev = last_rev.max(kv.mod_revision());
+                    if ev.event_type() != EventType::Delete {
+                        continue;
+                    }
+                    let keys = self.store.keys();
+                    let Some(node) = keys.node_of(&keys.membership_prefix(), kv.key()) else {
+                        continue;
+                    };
+                    let instance = ev
+                        .prev_kv()
+                        .map(|p| String::from_utf8_lossy(p.value()).into_owned())
+                        .unwrap_or_default();
+                    tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = kv.mod_revision(), "membership DELETE");
+                    let this = self.clone();
+                    fences.spawn(async move {
+                        this.fence(Victim { node, instance }, Trigger::Watch, ClaimGuard::Watch)
+                            .await;
+                    });
+                }
+                while fences.try_join_next().is_some() {}
+            }
+            tokio::time::sleep(backoff).await;
+        }
+    }
+
+    /// One authoritative sweep: one range-read transaction, then the owed fences
+    /// (concurrently).
+    pub async fn sweep_once(self: &Arc<Self>) -> Result<SweepReport, StoreError> {
+        let (snap, revision) = self.store.sweep_snapshot().await?;
+        let plan = plan_sweep(&snap);
+        let mut report = SweepReport {
+            revision,
+            honoured: plan.honoured.len(),
+            ..SweepReport::default()
+        };
+        for node in &plan.drop_stale {
+            if self.store.drop_stale(node).await? {
+                tracing::info!(step = "sweep", node = %node, "member re-registered: dropped stale intent and fence mark");
+                report.dropped += 1;
+            }
+        }
+        let mut set = JoinSet::new();
+        for owed in plan.fence {
+            let this = self.clone();
+            tracing::info!(step = "sweep", node = %owed.victim.node, reason = %owed.reason, "fence owed");
+            set.spawn(async move {
+                this.fence(owed.victim, Trigger::Sweep, ClaimGuard::Sweep(owed.guard))
+                    .await
+            });
+        }
+        while let Some(r) = set.join_next().await {
+            match r {
+                Ok(FenceState::Fenced { .. }) => report.fenced += 1,
+                Ok(FenceState::Skipped { .. }) => {}
+                _ => report.not_completed += 1,
+            }
+        }
+        self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    async fn claim_with_retry(
+        &self,
+        victim: &Victim,
+        guard: ClaimGuard,
+    ) -> Result<ClaimResult, StoreError> {
+        let mut delay = Duration::from_millis(50);
+        for attempt in 0.. {
+            match self.store.claim(victim, &self.cfg.id, guard).await {
+                Err(e) if e.is_retryable() && attempt < 4 => {
+                    tracing::warn!(step = "claim", node = %victim.node, error = %e, "claim failed, retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                r => return r,
+            }
+        }
+        unreachable!("the loop returns")
+    }
+
+    /// Runs one fence of `victim` to a terminal state. Every `Err` leaves the fence owed.
+    pub async fn fence(&self, victim: Victim, trigger: Trigger, guard: ClaimGuard) -> FenceState {
+        let rt0 = self.store.round_trips();
+        let (mut run, _) = FenceRun::new(
+            victim.clone(),
+            trigger,
+            &self.cfg.id,
+            self.fencer.name(),
+            Instant::now(),
+        );
+        let mut claimed = self.claim_with_retry(&victim, guard).await;
+        if let Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })) = &claimed {
+            if honour_departure(*arenas) {
+                tracing::info!(step = "claim", node = %victim.node, "departure marker honoured: node owns no arena, not fenced");
+            } else {
+                run.add_signal(format!(
+                    "departure marker ignored: arena records show {} owned",
+                    arenas.map_or("unknown".to_owned(), |n| n.to_string())
+                ));
+                claimed = self
+                    .claim_with_retry(&victim, ClaimGuard::IgnoreDeparture)
+                    .await;
+            }
+        }
+        let outcome = match claimed {
+            Ok(ClaimResult::Outcome(o)) => Ok(o),
+            Ok(ClaimResult::Refused(r)) => Ok(ClaimOutcome::NotOwed {
+                why: match r {
+                    ClaimRefusal::Member => "node is a member again".to_owned(),
+                    ClaimRefusal::Departed { .. } => "departed cleanly, owns no arena".to_owned(),
+                    ClaimRefusal::SnapshotAged => {
+                        "sweep snapshot aged: fence completed elsewhere or state changed".to_owned()
+                    }
+                },
+            }),
+            Err(e) => Err(e.to_string()),
+        };
+        let won = match &outcome {
+            Ok(ClaimOutcome::Won {
+                generation_rev,
+                claim_rev,
+                arenas,
+                ..
+            }) => Some((*generation_rev, *claim_rev, arenas.clone())),
+            _ => None,
+        };
+        if won.is_some() {
+            // Refill the spare claim lease off the critical path.
+            let store = self.store.clone();
+            tokio::spawn(async move { store.prepare_claim_lease().await });
+        }
+        let mut action = run.on_claim(outcome, Instant::now());
+        if action == FenceAction::Sever {
+            let r = self.fencer.fence(&victim).await;
+            action = run.on_sever(
+                r.map_err(|e| (e.step, e.message)),
+                Instant::now(),
+                unix_ms(),
+            );
+        }
+        match (action, won) {
+            (
+                FenceAction::Finish {
+                    from,
+                    release_arenas,
+                    audit,
+                },
+                Some((generation_rev, claim_rev, arenas)),
+            ) => {
+                let bump = async {
+                    fail::fail_point!("fence::bump", |_| Err(StoreError::Malformed {
+                        key: "fail point".into(),
+                        what: "fence::bump".into()
+                    }));
+                    let json = serde_json::to_string(&*audit).unwrap_or_default();
+                    self.store
+                        .finish(
+                            &victim.node,
+                            from,
+                            generation_rev,
+                            claim_rev,
+                            release_arenas.then_some(arenas.as_slice()),
+                            json,
+                        )
+                        .await
+                };
+                let r = bump.await;
+                run.on_finish(r.map_err(|e| e.to_string()));
+                self.stats
+                    .last_fence_round_trips
+                    .store(self.store.round_trips() - rt0, Ordering::Relaxed);
+                if let FenceState::Fenced { generation } = run.state() {
+                    tracing::info!(
+                        target: "fenced::audit",
+                        step = "release_claim",
+                        node = %victim.node,
+                        instance = %victim.instance,
+                        generation_before = from,
+                        generation_after = generation,
+                        fencer = %audit.fencer,
+                        fencer_result = %audit.fencer_result,
+                        arenas_released = audit.arenas_released.len(),
+                        total_ms = audit.total_ms,
+                        audit = %serde_json::to_string(&*audit).unwrap_or_default(),
+                        "node fenced"
+                    );
+                }
+            }
+            (FenceAction::Abort { audit }, Some((_, claim_rev, _))) => {
+                let json = serde_json::to_string(&*audit).unwrap_or_default();
+                tracing::error!(
+                    target: "fenced::audit",
+                    step = "release_claim",
+                    node = %victim.node,
+                    fencer_result = %audit.fencer_result,
+                    audit = %json,
+                    "fence NOT confirmed: generation not bumped, fence stays owed (sweep retries)"
+                );
+                if let Err(e) = self
+                    .store
+                    .abort(
+                        &victim.node,
+                        claim_rev,
+                        audit.generation_before,
+                        audit.unix_ms,
+                        json,
+                    )
+                    .await
+                {
+                    tracing::warn!(node = %victim.node, error = %e, "releasing the claim failed; it expires with its lease");
+                }
+            }
+            _ => {}
+        }
+        let state = run.state().clone();
+        match &state {
+            FenceState::Fenced { .. } => self.stats.fenced.fetch_add(1, Ordering::Relaxed),
+            FenceState::Skipped { why } => {
+                tracing::info!(node = %victim.node, trigger = ?trigger, why = %why, "fence skipped");
+                self.stats.skipped.fetch_add(1, Ordering::Relaxed)
+            }
+            other => {
+                tracing::warn!(node = %victim.node, trigger = ?trigger, state = ?other, "retrying incomplete fence later");
+                self.stats.failed.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        state
+    }
+}
