@@ -1,1 +1,225 @@
-//! sys (nvme-resv helper: implement).
+//! Linux NVMe passthrough ABI (`include/uapi/linux/nvme_ioctl.h`): the command layout,
+//! the ioctl numbers, and the crate's only unsafe code.
+#![allow(unsafe_code)]
+
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd};
+
+use crate::status::{Completion, decode_return};
+
+/// `struct nvme_passthru_cmd` (also `struct nvme_admin_cmd`).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NvmePassthruCmd {
+    pub opcode: u8,
+    pub flags: u8,
+    pub rsvd1: u16,
+    pub nsid: u32,
+    pub cdw2: u32,
+    pub cdw3: u32,
+    pub metadata: u64,
+    pub addr: u64,
+    pub metadata_len: u32,
+    pub data_len: u32,
+    pub cdw10: u32,
+    pub cdw11: u32,
+    pub cdw12: u32,
+    pub cdw13: u32,
+    pub cdw14: u32,
+    pub cdw15: u32,
+    pub timeout_ms: u32,
+    pub result: u32,
+}
+
+/// `struct nvme_passthru_cmd64` (64-bit result; for `NVME_IOCTL_*64_CMD`). Not used
+/// by the reservation commands, whose result fits 32 bits; kept so its layout and
+/// ioctl numbers are pinned next to the 32-bit ones.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct NvmePassthruCmd64 {
+    pub opcode: u8,
+    pub flags: u8,
+    pub rsvd1: u16,
+    pub nsid: u32,
+    pub cdw2: u32,
+    pub cdw3: u32,
+    pub metadata: u64,
+    pub addr: u64,
+    pub metadata_len: u32,
+    pub data_len: u32,
+    pub cdw10: u32,
+    pub cdw11: u32,
+    pub cdw12: u32,
+    pub cdw13: u32,
+    pub cdw14: u32,
+    pub cdw15: u32,
+    pub timeout_ms: u32,
+    pub rsvd2: u32,
+    pub result: u64,
+}
+
+const _: () = assert!(size_of::<NvmePassthruCmd>() == 72);
+const _: () = assert!(size_of::<NvmePassthruCmd64>() == 80);
+const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd, addr) == 24);
+const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd, cdw10) == 40);
+const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd, result) == 68);
+const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd64, result) == 72);
+
+// asm-generic/ioctl.h encoding: nr 7:0, type 15:8, size 29:16, dir 31:30.
+const IOC_NONE: u32 = 0;
+const IOC_WRITE: u32 = 1;
+const IOC_READ: u32 = 2;
+
+const fn ioc(dir: u32, ty: u8, nr: u8, size: usize) -> u32 {
+    (dir << 30) | ((size as u32 & 0x3fff) << 16) | ((ty as u32) << 8) | nr as u32
+}
+
+const fn io(ty: u8, nr: u8) -> u32 {
+    ioc(IOC_NONE, ty, nr, 0)
+}
+
+const fn iowr<T>(ty: u8, nr: u8) -> u32 {
+    ioc(IOC_READ | IOC_WRITE, ty, nr, size_of::<T>())
+}
+
+/// `_IO('N', 0x40)`: returns the namespace ID of the fd's namespace.
+pub(crate) const NVME_IOCTL_ID: u32 = io(b'N', 0x40);
+/// `_IOWR('N', 0x41, struct nvme_admin_cmd)`.
+pub(crate) const NVME_IOCTL_ADMIN_CMD: u32 = iowr::<NvmePassthruCmd>(b'N', 0x41);
+/// `_IOWR('N', 0x43, struct nvme_passthru_cmd)`.
+pub(crate) const NVME_IOCTL_IO_CMD: u32 = iowr::<NvmePassthruCmd>(b'N', 0x43);
+/// `_IOWR('N', 0x47, struct nvme_passthru_cmd64)`.
+#[allow(dead_code)]
+pub(crate) const NVME_IOCTL_ADMIN64_CMD: u32 = iowr::<NvmePassthruCmd64>(b'N', 0x47);
+/// `_IOWR('N', 0x48, struct nvme_passthru_cmd64)`.
+#[allow(dead_code)]
+pub(crate) const NVME_IOCTL_IO64_CMD: u32 = iowr::<NvmePassthruCmd64>(b'N', 0x48);
+
+/// Which queue a passthrough command goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queue {
+    Admin,
+    Io,
+}
+
+/// The data buffer of a command, owned by the caller for the duration of the call.
+#[derive(Debug)]
+pub(crate) enum Data<'a> {
+    /// No data transfer.
+    #[allow(dead_code)]
+    None,
+    /// Host to controller (the kernel only reads it).
+    ToDevice(&'a [u8]),
+    /// Controller to host (the kernel writes up to its length).
+    FromDevice(&'a mut [u8]),
+}
+
+/// What a caller fills in; the pointer fields are derived from [`Data`].
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Command {
+    pub opcode: u8,
+    pub nsid: u32,
+    pub cdw10: u32,
+    pub cdw11: u32,
+}
+
+/// Issues the raw passthrough ioctl `req` with `cmd`; returns the ioctl's return value
+/// (negative: see errno).
+///
+/// # Safety
+/// `cmd.addr` / `cmd.data_len` must describe memory valid for the whole call: readable
+/// for a host-to-controller command, writable for a controller-to-host one (the kernel
+/// writes up to `data_len` bytes there); likewise `metadata` / `metadata_len`. `req`
+/// must be one of the passthrough requests taking a `NvmePassthruCmd`.
+pub(crate) unsafe fn passthru_raw(fd: BorrowedFd<'_>, req: u32, cmd: &mut NvmePassthruCmd) -> i32 {
+    // SAFETY: `cmd` is a valid, exclusively borrowed `nvme_passthru_cmd` for the
+    // kernel to read and update; the caller guarantees the buffers it points to.
+    unsafe { libc::ioctl(fd.as_raw_fd(), req as libc::Ioctl, std::ptr::from_mut(cmd)) }
+}
+
+/// Submits `cmd` with `data` on `queue` and decodes the completion. Safe: the buffer
+/// is borrowed for the whole call and its pointer and length come from the slice.
+pub(crate) fn submit(fd: BorrowedFd<'_>, queue: Queue, cmd: Command, data: Data<'_>) -> Completion {
+    let (addr, len) = match data {
+        Data::None => (0u64, 0usize),
+        Data::ToDevice(b) => (b.as_ptr() as u64, b.len()),
+        Data::FromDevice(b) => (b.as_mut_ptr() as u64, b.len()),
+    };
+    let Ok(data_len) = u32::try_from(len) else {
+        return Completion::Os(io::Error::from_raw_os_error(libc::EINVAL));
+    };
+    let mut raw = NvmePassthruCmd {
+        opcode: cmd.opcode,
+        nsid: cmd.nsid,
+        addr,
+        data_len,
+        cdw10: cmd.cdw10,
+        cdw11: cmd.cdw11,
+        ..NvmePassthruCmd::default()
+    };
+    let req = match queue {
+        Queue::Admin => NVME_IOCTL_ADMIN_CMD,
+        Queue::Io => NVME_IOCTL_IO_CMD,
+    };
+    // SAFETY: `addr`/`data_len` come from a slice borrowed (mutably for FromDevice)
+    // until this function returns, so the memory is valid for the kernel's access in
+    // the direction the opcode implies; no metadata buffer is passed.
+    let ret = unsafe { passthru_raw(fd, req, &mut raw) };
+    decode_return(ret, raw.result, io::Error::last_os_error)
+}
+
+/// `NVME_IOCTL_ID`: the namespace ID of the namespace `fd` refers to.
+pub(crate) fn namespace_id(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    // SAFETY: NVME_IOCTL_ID takes no argument and touches no user memory.
+    let ret = unsafe { libc::ioctl(fd.as_raw_fd(), NVME_IOCTL_ID as libc::Ioctl) };
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as u32)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Values of the uapi header's macros on x86_64 / aarch64 (asm-generic encoding).
+    #[test]
+    fn ioctl_numbers_are_pinned() {
+        assert_eq!(NVME_IOCTL_ID, 0x4e40);
+        assert_eq!(NVME_IOCTL_ADMIN_CMD, 0xc048_4e41);
+        assert_eq!(NVME_IOCTL_IO_CMD, 0xc048_4e43);
+        assert_eq!(NVME_IOCTL_ADMIN64_CMD, 0xc050_4e47);
+        assert_eq!(NVME_IOCTL_IO64_CMD, 0xc050_4e48);
+    }
+
+    #[test]
+    fn nvme_ioctl_id_on_a_regular_file_is_enotty() {
+        let f = std::fs::File::open("/proc/self/exe").unwrap();
+        use std::os::fd::AsFd;
+        let e = namespace_id(f.as_fd()).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOTTY));
+    }
+
+    #[test]
+    fn passthrough_on_a_non_nvme_fd_is_an_os_error_not_success() {
+        use std::os::fd::AsFd;
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let mut buf = [0u8; 64];
+        let c = submit(
+            f.as_fd(),
+            Queue::Io,
+            Command {
+                opcode: 0x0e,
+                nsid: 1,
+                cdw10: 15,
+                cdw11: 1,
+            },
+            Data::FromDevice(&mut buf),
+        );
+        match c {
+            Completion::Os(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOTTY)),
+            other => panic!("{other:?}"),
+        }
+    }
+}
