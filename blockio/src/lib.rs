@@ -1,1 +1,47 @@
-//! io_uring O_DIRECT writer (work in progress).
+//! `O_DIRECT` I/O on a shared block device, where a reservation conflict means "fenced".
+//!
+//! The data path of a host that shares an NVMe namespace with others. Its one
+//! non-negotiable property: when this host's registration is preempted, the very next
+//! write fails with the typed [`Error::ReservationConflict`] (the kernel's `EBADE`),
+//! nothing is retried behind the caller's back, and the [`DirectWriter`] stays *fenced*:
+//! every later write fails fast with the same error, without reaching the device.
+//!
+//! Two engines sit behind one API: io_uring (queued requests, batched submission, a
+//! registered file) and synchronous `pwrite`/`pread`, chosen automatically when
+//! io_uring is unavailable (the `kernel.io_uring_disabled` sysctl, seccomp filters in
+//! containers) or on request; [`DirectWriter::engine`] reports the one in use.
+//!
+//! ```no_run
+//! use blockio::{AlignedBuf, DirectWriter, Options};
+//!
+//! let mut w = DirectWriter::open("/dev/nvme0n1", Options::default())?;
+//! let mut buf = AlignedBuf::zeroed(4096, w.alignment())?;
+//! buf.as_mut_slice().fill(0xab);
+//! match w.write_at(&buf, 0) {
+//!     Err(e) if e.is_reservation_conflict() => {
+//!         // This host was fenced: stop all I/O, do not retry.
+//!         assert!(w.is_fenced());
+//!     }
+//!     other => other?,
+//! }
+//! w.flush()?;
+//! # Ok::<(), blockio::Error>(())
+//! ```
+//!
+//! Queued use, for throughput: [`DirectWriter::submit_write`] takes the buffer by
+//! value, [`DirectWriter::reap`] returns it in a [`Completion`] with the request's
+//! result, offset and length.
+#![deny(unsafe_code)]
+#![deny(missing_docs)]
+
+mod error;
+mod options;
+mod sync;
+#[allow(unsafe_code)]
+mod sys;
+mod writer;
+
+pub use error::{Error, Op, Result};
+pub use options::{EngineKind, Options};
+pub use sys::buf::AlignedBuf;
+pub use writer::{Completion, DirectWriter, Rejected};

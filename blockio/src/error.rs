@@ -1,0 +1,466 @@
+//! The crate's one error type and the one place where a request's raw result is
+//! classified.
+//!
+//! # Why `EBADE` means "fenced"
+//! When an NVMe controller refuses a command because of a reservation (status
+//! *Reservation Conflict*, 0x83, NVMe Base Specification 2.0, section 8.19), the Linux
+//! NVMe driver completes the block request with `BLK_STS_RESV_CONFLICT` (named
+//! `BLK_STS_NEXUS` before Linux 6.5), and the block layer turns that status into
+//! `-EBADE` for the submitter, through `pwrite(2)` and io_uring alike. SCSI persistent
+//! reservations take the same path. No other block-layer status maps to `EBADE`, so an
+//! `EBADE` from a direct write is the device saying "this host is not allowed to write":
+//! its registration was preempted, or it never held one. It is never retried here.
+
+use std::io;
+use std::path::PathBuf;
+
+/// Which kind of request an error or a completion belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// An `O_DIRECT` read.
+    Read,
+    /// An `O_DIRECT` write.
+    Write,
+}
+
+impl std::fmt::Display for Op {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Op::Read => "read",
+            Op::Write => "write",
+        })
+    }
+}
+
+/// Everything that can go wrong in `blockio`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The device refused the request because of a persistent reservation (`EBADE`):
+    /// this host has been fenced. The writer refuses every later write with this same
+    /// error, without submitting it.
+    #[error(
+        "reservation conflict on {len} bytes at offset {offset}: this host's access was \
+         preempted (EBADE); it has been fenced"
+    )]
+    ReservationConflict {
+        /// Byte offset of the refused request.
+        offset: u64,
+        /// Length in bytes of the refused request.
+        len: usize,
+    },
+
+    /// Opening the device or file failed.
+    #[error("cannot open {path} with O_DIRECT")]
+    Open {
+        /// The path given to [`DirectWriter::open`](crate::DirectWriter::open).
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The file system holding this file does not support `O_DIRECT`.
+    #[error("{path} does not support O_DIRECT (its file system refuses direct I/O)")]
+    DirectIoUnsupported {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// The direct-I/O alignment of this file could not be learned (the kernel reports
+    /// no `STATX_DIOALIGN` for it), so requests could not be checked before submission.
+    #[error(
+        "cannot learn the O_DIRECT alignment of {path}: statx reports no STATX_DIOALIGN \
+         (Linux >= 6.1 is needed for regular files)"
+    )]
+    UnknownAlignment {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// The path is neither a block device nor a regular file.
+    #[error("{path} is neither a block device nor a regular file")]
+    NotBlockOrFile {
+        /// The path that was opened.
+        path: PathBuf,
+    },
+
+    /// A system call used to learn the device's geometry failed.
+    #[error("{call} failed on {path}")]
+    Probe {
+        /// The call, e.g. `BLKSSZGET`.
+        call: &'static str,
+        /// The path that was opened.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// An aligned buffer could not be allocated with this length and alignment.
+    #[error(
+        "invalid aligned buffer: {len} bytes aligned to {align} (length must be > 0, alignment a power of two)"
+    )]
+    InvalidBuffer {
+        /// Requested length.
+        len: usize,
+        /// Requested alignment.
+        align: usize,
+    },
+
+    /// The request's offset is not a multiple of the device's offset alignment.
+    #[error("offset {offset} is not a multiple of the direct-I/O alignment {align}")]
+    MisalignedOffset {
+        /// Offending offset.
+        offset: u64,
+        /// Required alignment in bytes.
+        align: usize,
+    },
+
+    /// The request's length is zero or not a multiple of the device's alignment.
+    #[error("length {len} is not a non-zero multiple of the direct-I/O alignment {align}")]
+    MisalignedLength {
+        /// Offending length.
+        len: usize,
+        /// Required alignment in bytes.
+        align: usize,
+    },
+
+    /// The buffer's address is not aligned as the device requires.
+    #[error("buffer at {addr:#x} is not aligned to the direct-I/O memory alignment {align}")]
+    MisalignedBuffer {
+        /// Address of the buffer.
+        addr: usize,
+        /// Required alignment in bytes.
+        align: usize,
+    },
+
+    /// The request is larger than one io_uring request can carry.
+    #[error("request of {len} bytes is larger than the maximum of {max}")]
+    RequestTooLarge {
+        /// Requested length.
+        len: usize,
+        /// Largest supported length.
+        max: usize,
+    },
+
+    /// The request reaches past the end of the device (or of the file, which is never
+    /// extended).
+    #[error("{len} bytes at offset {offset} reach past the end of the device ({size} bytes)")]
+    OutOfBounds {
+        /// Offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: usize,
+        /// Size of the device or file.
+        size: u64,
+    },
+
+    /// The queue already holds `queue_depth` requests that were not reaped.
+    #[error("queue full: {queue_depth} requests outstanding; reap completions first")]
+    QueueFull {
+        /// The configured queue depth.
+        queue_depth: usize,
+    },
+
+    /// A write made partial progress and the rest could not be written (the device
+    /// wrote nothing more, or stopped at a point from which the rest is misaligned).
+    #[error("short {op}: {done} of {len} bytes at offset {offset}")]
+    Short {
+        /// The kind of request.
+        op: Op,
+        /// Offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: usize,
+        /// Bytes transferred before the request stopped.
+        done: usize,
+    },
+
+    /// The device failed the request with an OS error other than a reservation conflict.
+    #[error("{op} of {len} bytes at offset {offset} failed")]
+    Io {
+        /// The kind of request.
+        op: Op,
+        /// Offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: usize,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Flushing (fsync) failed: earlier writes may not be durable.
+    #[error("flush (fsync) failed")]
+    Flush {
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// Setting up or entering the io_uring failed.
+    #[error("io_uring {call} failed")]
+    Ring {
+        /// What was being done (`setup`, `enter`, `probe`, ...).
+        call: &'static str,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+
+    /// The kernel's io_uring lacks an operation this writer needs.
+    #[error("io_uring does not support {opcode} on this kernel")]
+    Unsupported {
+        /// Name of the missing opcode, e.g. `IORING_OP_WRITE`.
+        opcode: &'static str,
+    },
+
+    /// The writer was closed with [`DirectWriter::close`](crate::DirectWriter::close).
+    #[error("the writer is closed")]
+    Closed,
+}
+
+impl Error {
+    /// True when the device refused a request because of a reservation: the host has
+    /// been fenced and must stop writing.
+    pub fn is_reservation_conflict(&self) -> bool {
+        matches!(self, Error::ReservationConflict { .. })
+    }
+
+    /// True for errors the caller may retry as is: a full queue (after reaping), or an
+    /// interrupted/again request the engine gave up resubmitting.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::QueueFull { .. } => true,
+            Error::Io { source, .. } => matches!(
+                source.kind(),
+                io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
+            ),
+            _ => false,
+        }
+    }
+
+    /// True when the request was refused before submission because its offset,
+    /// length or buffer is misaligned.
+    pub fn is_misaligned(&self) -> bool {
+        matches!(
+            self,
+            Error::MisalignedOffset { .. }
+                | Error::MisalignedLength { .. }
+                | Error::MisalignedBuffer { .. }
+        )
+    }
+
+    /// True when io_uring cannot be used here (disabled by sysctl or seccomp, or
+    /// lacking an operation), so the synchronous engine is the way to go.
+    pub fn is_uring_unavailable(&self) -> bool {
+        match self {
+            Error::Unsupported { .. } => true,
+            Error::Ring { call, source } => {
+                *call == "setup"
+                    && matches!(
+                        source.raw_os_error(),
+                        Some(libc::EPERM | libc::ENOSYS | libc::EACCES | libc::EINVAL)
+                    )
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Crate result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What a raw request result (`cqe.res`, or `-errno` from a syscall) means. This is the
+/// only place that interprets one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// `n` bytes were transferred (may be fewer than asked).
+    Transferred(usize),
+    /// `EBADE`: the reservation refused the request. Never retried.
+    Conflict,
+    /// `EINTR`/`EAGAIN`: nothing happened; resubmitting is correct.
+    Again(i32),
+    /// Any other errno.
+    Failed(i32),
+}
+
+pub(crate) fn classify(res: i32) -> Outcome {
+    if res >= 0 {
+        // Non-negative i32 always fits usize on the 64-bit targets this crate builds for.
+        Outcome::Transferred(res as usize)
+    } else {
+        match -res {
+            libc::EBADE => Outcome::Conflict,
+            libc::EINTR | libc::EAGAIN => Outcome::Again(-res),
+            errno => Outcome::Failed(errno),
+        }
+    }
+}
+
+/// How many times an `EINTR`/`EAGAIN` result is resubmitted before it is reported.
+pub(crate) const MAX_AGAIN: u32 = 64;
+
+/// Progress of one request after a result came back.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// The request is complete.
+    Done,
+    /// Submit the rest: `done` bytes are transferred so far.
+    Continue { done: usize },
+    /// The request failed.
+    Fail(Error),
+}
+
+/// Advances a request of `len` bytes at `offset` that had `done` bytes transferred and
+/// `again` resubmissions, given the raw result of its latest submission. `align` is the
+/// offset alignment: a short transfer is continued only from an aligned point.
+pub(crate) fn step(
+    op: Op,
+    offset: u64,
+    len: usize,
+    done: usize,
+    again: &mut u32,
+    align: usize,
+    res: i32,
+) -> Step {
+    match classify(res) {
+        Outcome::Conflict => Step::Fail(Error::ReservationConflict { offset, len }),
+        Outcome::Again(errno) => {
+            *again += 1;
+            if *again > MAX_AGAIN {
+                Step::Fail(Error::Io {
+                    op,
+                    offset,
+                    len,
+                    source: io::Error::from_raw_os_error(errno),
+                })
+            } else {
+                Step::Continue { done }
+            }
+        }
+        Outcome::Failed(errno) => Step::Fail(Error::Io {
+            op,
+            offset,
+            len,
+            source: io::Error::from_raw_os_error(errno),
+        }),
+        Outcome::Transferred(n) => {
+            let total = done.saturating_add(n).min(len);
+            if total == len {
+                Step::Done
+            } else if n == 0 || total % align != 0 {
+                Step::Fail(Error::Short {
+                    op,
+                    offset,
+                    len,
+                    done: total,
+                })
+            } else {
+                Step::Continue { done: total }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ebade_is_a_reservation_conflict_and_never_retried() {
+        let mut again = 0;
+        match step(Op::Write, 8192, 4096, 0, &mut again, 512, -libc::EBADE) {
+            Step::Fail(e) => {
+                assert!(e.is_reservation_conflict());
+                assert!(!e.is_retryable());
+                assert!(matches!(
+                    e,
+                    Error::ReservationConflict {
+                        offset: 8192,
+                        len: 4096
+                    }
+                ));
+            }
+            other => panic!("EBADE must fail the request, got {other:?}"),
+        }
+        assert_eq!(again, 0);
+    }
+
+    #[test]
+    fn other_errnos_are_io_errors_with_context() {
+        let mut again = 0;
+        let Step::Fail(e) = step(Op::Read, 0, 512, 0, &mut again, 512, -libc::EIO) else {
+            panic!("EIO must fail");
+        };
+        assert!(!e.is_reservation_conflict());
+        match e {
+            Error::Io {
+                op: Op::Read,
+                offset: 0,
+                len: 512,
+                source,
+            } => assert_eq!(source.raw_os_error(), Some(libc::EIO)),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn eintr_and_eagain_resubmit_until_the_limit() {
+        let mut again = 0;
+        for _ in 0..MAX_AGAIN {
+            assert!(matches!(
+                step(Op::Write, 0, 512, 0, &mut again, 512, -libc::EINTR),
+                Step::Continue { done: 0 }
+            ));
+        }
+        let Step::Fail(e) = step(Op::Write, 0, 512, 0, &mut again, 512, -libc::EAGAIN) else {
+            panic!("must give up after MAX_AGAIN");
+        };
+        assert!(e.is_retryable(), "{e:?}");
+    }
+
+    #[test]
+    fn short_transfers_continue_from_aligned_points_only() {
+        let mut again = 0;
+        assert!(matches!(
+            step(Op::Write, 0, 4096, 0, &mut again, 512, 1024),
+            Step::Continue { done: 1024 }
+        ));
+        assert!(matches!(
+            step(Op::Write, 0, 4096, 1024, &mut again, 512, 3072),
+            Step::Done
+        ));
+        assert!(matches!(
+            step(Op::Write, 0, 4096, 0, &mut again, 512, 100),
+            Step::Fail(Error::Short { done: 100, .. })
+        ));
+        assert!(matches!(
+            step(Op::Write, 0, 4096, 512, &mut again, 512, 0),
+            Step::Fail(Error::Short { done: 512, .. })
+        ));
+    }
+
+    #[test]
+    fn setup_refusals_mean_uring_unavailable() {
+        for errno in [libc::EPERM, libc::ENOSYS] {
+            let e = Error::Ring {
+                call: "setup",
+                source: io::Error::from_raw_os_error(errno),
+            };
+            assert!(e.is_uring_unavailable());
+        }
+        assert!(
+            Error::Unsupported {
+                opcode: "IORING_OP_WRITE"
+            }
+            .is_uring_unavailable()
+        );
+        let enter = Error::Ring {
+            call: "enter",
+            source: io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert!(!enter.is_uring_unavailable());
+    }
+}

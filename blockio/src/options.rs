@@ -1,0 +1,96 @@
+//! [`Options`] for [`DirectWriter::open`](crate::DirectWriter::open).
+
+/// Which engine carries the requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum EngineKind {
+    /// io_uring if the kernel lets this process use it, else the synchronous engine
+    /// (the choice is logged and reported by
+    /// [`DirectWriter::engine`](crate::DirectWriter::engine)).
+    #[default]
+    Auto,
+    /// io_uring only: opening fails if it is unavailable.
+    IoUring,
+    /// Synchronous `pwrite`/`pread` on the calling thread.
+    Sync,
+}
+
+impl std::fmt::Display for EngineKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            EngineKind::Auto => "auto",
+            EngineKind::IoUring => "io_uring",
+            EngineKind::Sync => "sync",
+        })
+    }
+}
+
+impl std::str::FromStr for EngineKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(EngineKind::Auto),
+            "io_uring" | "io-uring" | "uring" => Ok(EngineKind::IoUring),
+            "sync" => Ok(EngineKind::Sync),
+            other => Err(format!("unknown engine {other:?} (auto, io_uring, sync)")),
+        }
+    }
+}
+
+/// How to open a [`DirectWriter`](crate::DirectWriter). A builder: start from
+/// `Options::default()` and chain setters.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub(crate) queue_depth: usize,
+    pub(crate) engine: EngineKind,
+    pub(crate) dsync: bool,
+    pub(crate) register_file: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            queue_depth: 32,
+            engine: EngineKind::Auto,
+            dsync: false,
+            register_file: true,
+        }
+    }
+}
+
+impl Options {
+    /// The most requests outstanding (submitted and not yet reaped) at once; at least 1.
+    /// Default 32.
+    pub fn queue_depth(mut self, queue_depth: usize) -> Self {
+        self.queue_depth = queue_depth.clamp(1, 4096);
+        self
+    }
+
+    /// The engine to use. Default [`EngineKind::Auto`].
+    pub fn engine(mut self, engine: EngineKind) -> Self {
+        self.engine = engine;
+        self
+    }
+
+    /// Makes every write durable before it completes (`RWF_DSYNC` per request). On a
+    /// block device with a volatile write cache, Linux sends such an `O_DIRECT` write
+    /// with Force Unit Access (FUA) when the device supports it, and a cache flush
+    /// after it otherwise. Default off: call
+    /// [`DirectWriter::flush`](crate::DirectWriter::flush) instead.
+    pub fn dsync(mut self, dsync: bool) -> Self {
+        self.dsync = dsync;
+        self
+    }
+
+    /// Same as [`Options::dsync`]: Linux offers FUA to user space only through
+    /// `RWF_DSYNC`/`O_DSYNC` on direct writes.
+    pub fn fua(self, fua: bool) -> Self {
+        self.dsync(fua)
+    }
+
+    /// Registers the file with io_uring (a fixed file) to save a file-table lookup per
+    /// request. Default on; ignored by the synchronous engine.
+    pub fn register_file(mut self, register: bool) -> Self {
+        self.register_file = register;
+        self
+    }
+}

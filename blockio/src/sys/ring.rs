@@ -1,0 +1,502 @@
+//! The io_uring engine: keeps up to `queue_depth` requests in flight, batches their
+//! submission and reaps their completions.
+//!
+//! Soundness rests on one rule: a request's buffer outlives the request. Queued
+//! requests own their [`AlignedBuf`] inside their slot until the completion is reaped;
+//! blocking requests borrow the caller's buffer and the call does not return before the
+//! completion is reaped; `Drop` waits for every request still in flight (and leaks the
+//! buffers if it cannot).
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+
+use io_uring::{IoUring, Probe, opcode, squeue, types};
+
+use crate::error::{Error, Op, Result, Step, step};
+use crate::sys::buf::AlignedBuf;
+use crate::writer::{Completion, Fence, Req};
+
+/// Settings the ring is built with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RingConfig {
+    pub queue_depth: usize,
+    pub register_file: bool,
+    pub dsync: bool,
+    /// Offset alignment: a short transfer continues only from an aligned point.
+    pub align: usize,
+}
+
+#[derive(Debug)]
+enum SlotBuf {
+    /// The slot owns the buffer until its completion is reaped.
+    Owned(AlignedBuf),
+    /// A blocking call's buffer: that call waits for the completion before returning.
+    Borrowed { addr: usize },
+}
+
+#[derive(Debug)]
+struct Slot {
+    op: Op,
+    tag: u64,
+    offset: u64,
+    len: usize,
+    done: usize,
+    again: u32,
+    buf: SlotBuf,
+    /// A result to report instead of the device's (fault injection); the request is
+    /// then submitted as a NOP and never reaches the device.
+    injected: Option<i32>,
+    /// For blocking slots: the outcome, once known.
+    finished: Option<Result<()>>,
+}
+
+impl Slot {
+    fn addr(&self) -> usize {
+        match &self.buf {
+            SlotBuf::Owned(b) => b.as_ptr() as usize,
+            SlotBuf::Borrowed { addr } => *addr,
+        }
+    }
+}
+
+/// The io_uring engine.
+pub(crate) struct Ring {
+    // Field order matters: the ring is dropped (after Drop::drop drained it) before the
+    // file it writes to.
+    ring: IoUring,
+    file: File,
+    fixed_file: bool,
+    write_flags: i32,
+    align: usize,
+    slots: Vec<Option<Slot>>,
+    free: Vec<usize>,
+    in_flight: usize,
+    cqes: Vec<(u64, i32)>,
+    pub(crate) fence: Fence,
+    inject: VecDeque<i32>,
+    submitted_total: u64,
+}
+
+fn ring_err(call: &'static str) -> impl FnOnce(io::Error) -> Error {
+    move |source| Error::Ring { call, source }
+}
+
+impl std::fmt::Debug for Ring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ring")
+            .field("fd", &self.file.as_raw_fd())
+            .field("fixed_file", &self.fixed_file)
+            .field("queue_depth", &self.slots.len())
+            .field("in_flight", &self.in_flight)
+            .field("fence", &self.fence)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ring {
+    /// Builds the ring, probes the operations it needs and registers the file.
+    pub(crate) fn new(file: File, cfg: RingConfig) -> Result<Ring> {
+        let qd = cfg.queue_depth.max(1);
+        let entries = u32::try_from(qd.next_power_of_two())
+            .map_err(|_| ring_err("setup")(io::Error::from_raw_os_error(libc::EINVAL)))?;
+        let ring = IoUring::builder()
+            .setup_cqsize(entries.saturating_mul(2))
+            .build(entries)
+            .map_err(ring_err("setup"))?;
+
+        let mut probe = Probe::new();
+        ring.submitter()
+            .register_probe(&mut probe)
+            .map_err(ring_err("probe"))?;
+        for (code, name) in [
+            (opcode::Write::CODE, "IORING_OP_WRITE"),
+            (opcode::Read::CODE, "IORING_OP_READ"),
+            (opcode::Nop::CODE, "IORING_OP_NOP"),
+        ] {
+            if !probe.is_supported(code) {
+                return Err(Error::Unsupported { opcode: name });
+            }
+        }
+
+        // A registered file saves an fget/fput per request; not having one only costs
+        // that, so a refusal is not an error.
+        let fixed_file = cfg.register_file
+            && match ring.submitter().register_files(&[file.as_raw_fd()]) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(error = %e, "io_uring: registering the file failed; using a plain fd");
+                    false
+                }
+            };
+
+        Ok(Ring {
+            ring,
+            file,
+            fixed_file,
+            write_flags: if cfg.dsync { libc::RWF_DSYNC } else { 0 },
+            align: cfg.align.max(1),
+            slots: (0..qd).map(|_| None).collect(),
+            free: (0..qd).rev().collect(),
+            in_flight: 0,
+            cqes: Vec::with_capacity(entries as usize * 2),
+            fence: Fence::default(),
+            inject: VecDeque::new(),
+            submitted_total: 0,
+        })
+    }
+
+    /// Requests the kernel holds (submitted or pushed, not yet reaped).
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+
+    /// Whether the ring uses a registered (fixed) file.
+    pub(crate) fn fixed_file(&self) -> bool {
+        self.fixed_file
+    }
+
+    /// Number of SQEs handed to the kernel so far (tests use it to prove that a fenced
+    /// writer submits nothing).
+    pub(crate) fn submitted_total(&self) -> u64 {
+        self.submitted_total
+    }
+
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub(crate) fn inject(&mut self, res: i32) {
+        self.inject.push_back(res);
+    }
+
+    fn entry(&self, idx: usize) -> squeue::Entry {
+        let Some(s) = self.slots[idx].as_ref() else {
+            unreachable!("entry for an empty slot")
+        };
+        if s.injected.is_some() {
+            return opcode::Nop::new().build().user_data(idx as u64);
+        }
+        let ptr = (s.addr() + s.done) as *mut u8;
+        // Lengths are checked against MAX_RW_COUNT (< u32::MAX) before submission.
+        let len = (s.len - s.done) as u32;
+        let off = s.offset + s.done as u64;
+        let e = match (s.op, self.fixed_file) {
+            (Op::Write, true) => opcode::Write::new(types::Fixed(0), ptr, len)
+                .offset(off)
+                .rw_flags(self.write_flags)
+                .build(),
+            (Op::Write, false) => opcode::Write::new(types::Fd(self.file.as_raw_fd()), ptr, len)
+                .offset(off)
+                .rw_flags(self.write_flags)
+                .build(),
+            (Op::Read, true) => opcode::Read::new(types::Fixed(0), ptr, len)
+                .offset(off)
+                .build(),
+            (Op::Read, false) => opcode::Read::new(types::Fd(self.file.as_raw_fd()), ptr, len)
+                .offset(off)
+                .build(),
+        };
+        e.user_data(idx as u64)
+    }
+
+    /// Pushes the SQE of slot `idx`; submits first if the SQ is full.
+    fn push(&mut self, idx: usize) -> Result<()> {
+        // An injected result replaces one submission, as it replaces one system call in
+        // the synchronous engine.
+        if let Some(s) = self.slots[idx].as_mut() {
+            s.injected = self.inject.pop_front();
+        }
+        let entry = self.entry(idx);
+        loop {
+            // SAFETY: the entry points into slot `idx`'s buffer, at most `len - done`
+            // bytes from `addr + done`, inside that buffer. The buffer stays valid until
+            // the entry's completion is reaped: an owned buffer lives in the slot, which
+            // is only emptied when its CQE is processed (or leaked by Drop if draining
+            // fails); a borrowed buffer belongs to a blocking call that does not return
+            // before the slot's completion is reaped. The fd (or fixed file 0) is
+            // self.file, which outlives the ring.
+            let pushed = unsafe { self.ring.submission().push(&entry) };
+            if pushed.is_ok() {
+                return Ok(());
+            }
+            self.submit()?;
+        }
+    }
+
+    fn alloc_slot(&mut self, slot: Slot) -> Option<usize> {
+        let idx = self.free.pop()?;
+        self.slots[idx] = Some(slot);
+        self.in_flight += 1;
+        Some(idx)
+    }
+
+    fn release_slot(&mut self, idx: usize) -> Option<Slot> {
+        let s = self.slots[idx].take()?;
+        self.free.push(idx);
+        self.in_flight -= 1;
+        Some(s)
+    }
+
+    /// Queues a request that owns its buffer. It reaches the kernel at the next
+    /// `submit`/`reap`. A failure hands the request back.
+    pub(crate) fn start(&mut self, req: Req) -> Result<(), (Error, Req)> {
+        if self.free.is_empty() {
+            let queue_depth = self.slots.len();
+            return Err((Error::QueueFull { queue_depth }, req));
+        }
+        let slot = Slot {
+            op: req.op,
+            tag: req.tag,
+            offset: req.offset,
+            len: req.buf.len(),
+            done: 0,
+            again: 0,
+            buf: SlotBuf::Owned(req.buf),
+            injected: None,
+            finished: None,
+        };
+        let Some(idx) = self.alloc_slot(slot) else {
+            unreachable!("a free slot was checked above")
+        };
+        if let Err(e) = self.push(idx) {
+            // Nothing referencing the slot reached the SQ: take the buffer back.
+            let Some(s) = self.release_slot(idx) else {
+                unreachable!("slot was just filled")
+            };
+            let SlotBuf::Owned(buf) = s.buf else {
+                unreachable!("start fills owned slots")
+            };
+            return Err((
+                e,
+                Req {
+                    op: s.op,
+                    tag: s.tag,
+                    offset: s.offset,
+                    buf,
+                },
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hands every queued SQE to the kernel without waiting.
+    pub(crate) fn submit(&mut self) -> Result<usize> {
+        self.enter(0)
+    }
+
+    fn enter(&mut self, want: usize) -> Result<usize> {
+        loop {
+            let queued = self.ring.submission().len();
+            match self.ring.submit_and_wait(want) {
+                Ok(n) => {
+                    self.submitted_total += n as u64;
+                    return Ok(n);
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
+                    // Interrupted while waiting; the SQEs may have been consumed.
+                    self.submitted_total += (queued - self.ring.submission().len()) as u64;
+                    if want == 0 || !self.ring.completion().is_empty() {
+                        return Ok(0);
+                    }
+                }
+                // The CQ is full: the caller drains it and comes back.
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => return Ok(0),
+                Err(e) => {
+                    return Err(Error::Ring {
+                        call: "enter",
+                        source: e,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Processes every available CQE: continues short or interrupted requests, records
+    /// conflicts in the fence, and moves finished owned requests to `ready`.
+    fn drain(&mut self, ready: &mut VecDeque<Completion>) -> Result<usize> {
+        self.cqes.clear();
+        self.cqes
+            .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+        let mut finished = 0;
+        for i in 0..self.cqes.len() {
+            let (ud, res) = self.cqes[i];
+            let idx = ud as usize;
+            let Some(s) = self.slots.get_mut(idx).and_then(Option::as_mut) else {
+                tracing::error!(
+                    user_data = ud,
+                    "io_uring: completion for an unknown request"
+                );
+                continue;
+            };
+            let res = s.injected.take().unwrap_or(res);
+            let outcome = match step(s.op, s.offset, s.len, s.done, &mut s.again, self.align, res) {
+                Step::Done => Ok(()),
+                Step::Continue { done } if s.op == Op::Write && self.fence.is_fenced() => {
+                    // The rest of this write would be a new submission after the fence.
+                    let _ = done;
+                    Err(Error::ReservationConflict {
+                        offset: s.offset,
+                        len: s.len,
+                    })
+                }
+                Step::Continue { done } => {
+                    s.done = done;
+                    self.push(idx)?;
+                    continue;
+                }
+                Step::Fail(e) => Err(e),
+            };
+            if let Err(Error::ReservationConflict { offset, len }) = &outcome {
+                self.fence.set(*offset, *len);
+            }
+            finished += 1;
+            if matches!(s.buf, SlotBuf::Borrowed { .. }) {
+                s.finished = Some(outcome);
+                continue;
+            }
+            let Some(s) = self.release_slot(idx) else {
+                unreachable!("slot checked above")
+            };
+            let SlotBuf::Owned(buf) = s.buf else {
+                unreachable!("borrowed slots are handled above")
+            };
+            ready.push_back(Completion {
+                tag: s.tag,
+                op: s.op,
+                offset: s.offset,
+                len: s.len,
+                buf,
+                result: outcome,
+            });
+        }
+        Ok(finished)
+    }
+
+    /// Submits what is queued and waits until at least `min` more requests finished
+    /// (or none is in flight).
+    pub(crate) fn reap(&mut self, min: usize, ready: &mut VecDeque<Completion>) -> Result<()> {
+        let mut got = self.drain(ready)?;
+        if self.ring.submission().is_empty() && got >= min {
+            return Ok(());
+        }
+        loop {
+            let want = if got < min {
+                (min - got).min(self.in_flight)
+            } else {
+                0
+            };
+            self.enter(want)?;
+            got += self.drain(ready)?;
+            if got >= min || self.in_flight == 0 {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Runs one request on a borrowed buffer and waits for it; other requests that
+    /// finish meanwhile go to `ready`.
+    fn run_borrowed(
+        &mut self,
+        op: Op,
+        addr: usize,
+        len: usize,
+        offset: u64,
+        ready: &mut VecDeque<Completion>,
+    ) -> Result<()> {
+        while self.free.is_empty() {
+            self.reap(1, ready)?;
+        }
+        let slot = Slot {
+            op,
+            tag: u64::MAX,
+            offset,
+            len,
+            done: 0,
+            again: 0,
+            buf: SlotBuf::Borrowed { addr },
+            injected: None,
+            finished: None,
+        };
+        let Some(idx) = self.alloc_slot(slot) else {
+            unreachable!("waited for a free slot")
+        };
+        if let Err(e) = self.push(idx) {
+            // The SQE did not reach the ring: nothing references the buffer.
+            self.release_slot(idx);
+            return Err(e);
+        }
+        let mut failures = 0u32;
+        loop {
+            if let Some(result) = self.slots[idx].as_mut().and_then(|s| s.finished.take()) {
+                self.release_slot(idx);
+                return result;
+            }
+            let waited = self.enter(1).and_then(|_| self.drain(ready));
+            if let Err(e) = waited {
+                // The kernel may hold a pointer into the caller's buffer: returning now
+                // would let it be freed under a live request.
+                failures += 1;
+                tracing::error!(error = %e, "io_uring: waiting for a request on a borrowed buffer failed");
+                if failures > 1000 {
+                    eprintln!(
+                        "blockio: io_uring cannot reap a request that uses a caller's buffer: {e}; aborting to stay memory-safe"
+                    );
+                    std::process::abort();
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+        }
+    }
+
+    /// Writes `buf` at `offset` and waits for the result.
+    pub(crate) fn write_blocking(
+        &mut self,
+        buf: &[u8],
+        offset: u64,
+        ready: &mut VecDeque<Completion>,
+    ) -> Result<()> {
+        // `buf` stays borrowed for the whole call, which waits for the completion.
+        self.run_borrowed(Op::Write, buf.as_ptr() as usize, buf.len(), offset, ready)
+    }
+
+    /// Reads into `buf` from `offset` and waits for the result.
+    pub(crate) fn read_blocking(
+        &mut self,
+        buf: &mut [u8],
+        offset: u64,
+        ready: &mut VecDeque<Completion>,
+    ) -> Result<()> {
+        // `buf` stays mutably borrowed for the whole call, which waits for the completion.
+        self.run_borrowed(
+            Op::Read,
+            buf.as_mut_ptr() as usize,
+            buf.len(),
+            offset,
+            ready,
+        )
+    }
+
+    /// Waits for every request in flight; their completions go to `ready`.
+    pub(crate) fn drain_all(&mut self, ready: &mut VecDeque<Completion>) -> Result<()> {
+        while self.in_flight > 0 {
+            self.reap(self.in_flight, ready)?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        if self.in_flight == 0 {
+            return;
+        }
+        let mut sink = VecDeque::new();
+        if let Err(e) = self.drain_all(&mut sink) {
+            tracing::error!(error = %e, in_flight = self.in_flight, "io_uring: could not drain on drop; leaking the buffers of requests still in flight");
+            for s in self.slots.iter_mut().filter_map(Option::take) {
+                if let SlotBuf::Owned(buf) = s.buf {
+                    std::mem::forget(buf);
+                }
+            }
+        }
+    }
+}

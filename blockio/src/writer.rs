@@ -1,0 +1,813 @@
+//! [`DirectWriter`]: the public face of both engines.
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use crate::error::{Error, Op, Result};
+use crate::options::{EngineKind, Options};
+use crate::sync::SyncEngine;
+use crate::sys::buf::AlignedBuf;
+use crate::sys::ring::{Ring, RingConfig};
+use crate::sys::{self, DioAlign};
+
+/// Linux caps one read or write at `MAX_RW_COUNT` (`INT_MAX & PAGE_MASK`) bytes.
+const MAX_RW_COUNT: usize = 0x7fff_f000;
+
+/// The fenced state: the first request the device refused because of a reservation.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fence(Option<(u64, usize)>);
+
+impl Fence {
+    pub(crate) fn is_fenced(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// Records a conflict; the first one is kept.
+    pub(crate) fn set(&mut self, offset: u64, len: usize) {
+        if self.0.is_none() {
+            tracing::error!(
+                offset,
+                len,
+                "blockio: reservation conflict (EBADE): this host is fenced; refusing all further writes"
+            );
+            self.0 = Some((offset, len));
+        }
+    }
+
+    pub(crate) fn first(&self) -> Option<(u64, usize)> {
+        self.0
+    }
+}
+
+/// A queued request as handed to an engine.
+#[derive(Debug)]
+pub(crate) struct Req {
+    pub op: Op,
+    pub tag: u64,
+    pub offset: u64,
+    pub buf: AlignedBuf,
+}
+
+/// The result of one queued request, with its buffer handed back.
+#[derive(Debug)]
+pub struct Completion {
+    /// The caller's tag given at submission.
+    pub tag: u64,
+    /// Read or write.
+    pub op: Op,
+    /// Byte offset of the request.
+    pub offset: u64,
+    /// Length of the request in bytes (the buffer's length).
+    pub len: usize,
+    /// The request's buffer; for a successful read it holds the data.
+    pub buf: AlignedBuf,
+    /// `Ok` when all `len` bytes were transferred.
+    pub result: Result<()>,
+}
+
+/// A request the writer did not accept, with its buffer handed back.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Why it was refused.
+    pub error: Error,
+    /// The caller's buffer, untouched.
+    pub buf: AlignedBuf,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "request rejected: {}", self.error)
+    }
+}
+
+impl std::error::Error for Rejected {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Error {
+        r.error
+    }
+}
+
+#[derive(Debug)]
+enum Engine {
+    Ring(Box<Ring>),
+    Sync(SyncEngine),
+}
+
+impl Engine {
+    fn fence(&self) -> &Fence {
+        match self {
+            Engine::Ring(r) => &r.fence,
+            Engine::Sync(s) => &s.fence,
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        match self {
+            Engine::Ring(r) => r.in_flight(),
+            Engine::Sync(_) => 0,
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    // Dropped first: the ring drains its in-flight requests before anything else goes.
+    engine: Engine,
+    ready: VecDeque<Completion>,
+    closed: bool,
+}
+
+/// Geometry learned when opening.
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    offset_align: usize,
+    mem_align: usize,
+    size: u64,
+    block_device: bool,
+}
+
+/// An `O_DIRECT` writer (and reader) on a block device or a regular file.
+///
+/// The one property callers rely on: when the device refuses a request because of a
+/// persistent reservation (`EBADE`), the request fails with
+/// [`Error::ReservationConflict`], nothing is retried, and the writer becomes *fenced*:
+/// every later write fails fast with the same error without reaching the device.
+/// Reads and [`flush`](DirectWriter::flush) still go to the device; the device decides.
+///
+/// Requests must be aligned to [`alignment`](DirectWriter::alignment) (offset, length
+/// and buffer address) and lie within [`size`](DirectWriter::size); others are refused
+/// before submission. Regular files are never extended.
+#[derive(Debug)]
+pub struct DirectWriter {
+    inner: Mutex<Inner>,
+    // The writer's own descriptor, for fsync; the engine holds a duplicate.
+    file: File,
+    path: PathBuf,
+    engine_kind: EngineKind,
+    fallback: Option<Error>,
+    fixed_file: bool,
+    geometry: Geometry,
+    queue_depth: usize,
+}
+
+fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn inner_mut(m: &mut Mutex<Inner>) -> &mut Inner {
+    m.get_mut().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn probe_err(call: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.to_path_buf();
+    move |source| Error::Probe { call, path, source }
+}
+
+fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
+    let meta = file.metadata().map_err(probe_err("fstat", path))?;
+    let ft = meta.file_type();
+    let dio = sys::statx_dio_align(file.as_fd()).map_err(probe_err("statx", path))?;
+    if ft.is_block_device() {
+        let lbs =
+            sys::logical_block_size(file.as_fd()).map_err(probe_err("BLKSSZGET", path))? as usize;
+        let size = sys::block_device_size(file.as_fd()).map_err(probe_err("BLKGETSIZE64", path))?;
+        if let Ok(pbs) = sys::physical_block_size(file.as_fd()) {
+            tracing::debug!(path = %path.display(), logical = lbs, physical = pbs, "block device sector sizes");
+        }
+        let (mem, off) = match dio {
+            DioAlign::Align { mem, offset } => (mem as usize, (offset as usize).max(lbs)),
+            _ => (lbs, lbs),
+        };
+        if !off.is_power_of_two() || !mem.is_power_of_two() {
+            return Err(Error::UnknownAlignment {
+                path: path.to_path_buf(),
+            });
+        }
+        Ok(Geometry {
+            offset_align: off,
+            mem_align: mem,
+            size,
+            block_device: true,
+        })
+    } else if ft.is_file() {
+        match dio {
+            DioAlign::Align { mem, offset }
+                if (mem as usize).is_power_of_two() && (offset as usize).is_power_of_two() =>
+            {
+                Ok(Geometry {
+                    offset_align: offset as usize,
+                    mem_align: mem as usize,
+                    size: meta.len(),
+                    block_device: false,
+                })
+            }
+            DioAlign::Unsupported => Err(Error::DirectIoUnsupported {
+                path: path.to_path_buf(),
+            }),
+            _ => Err(Error::UnknownAlignment {
+                path: path.to_path_buf(),
+            }),
+        }
+    } else {
+        Err(Error::NotBlockOrFile {
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl DirectWriter {
+    /// Opens `path` (a block device or a regular file) read-write with `O_DIRECT`,
+    /// learns its alignment and size, and starts the engine `options` asks for.
+    pub fn open(path: impl AsRef<Path>, options: Options) -> Result<DirectWriter> {
+        let path = path.as_ref();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .map_err(|source| {
+                if source.raw_os_error() == Some(libc::EINVAL) {
+                    Error::DirectIoUnsupported {
+                        path: path.to_path_buf(),
+                    }
+                } else {
+                    Error::Open {
+                        path: path.to_path_buf(),
+                        source,
+                    }
+                }
+            })?;
+        let geometry = learn_geometry(&file, path)?;
+        let dup = || file.try_clone().map_err(probe_err("dup", path));
+        let queue_depth = options.queue_depth;
+        let ring_cfg = RingConfig {
+            queue_depth,
+            register_file: options.register_file,
+            dsync: options.dsync,
+            align: geometry.offset_align,
+        };
+        let sync = |f: File| Engine::Sync(SyncEngine::new(f, options.dsync, geometry.offset_align));
+        let mut fallback = None;
+        let engine = match options.engine {
+            EngineKind::Sync => sync(dup()?),
+            EngineKind::IoUring => Engine::Ring(Box::new(Ring::new(dup()?, ring_cfg)?)),
+            EngineKind::Auto => match Ring::new(dup()?, ring_cfg) {
+                Ok(r) => Engine::Ring(Box::new(r)),
+                Err(e @ (Error::Ring { .. } | Error::Unsupported { .. })) => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        error = %e,
+                        "blockio: io_uring is unavailable; using the synchronous pwrite engine"
+                    );
+                    fallback = Some(e);
+                    sync(dup()?)
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        let (engine_kind, fixed_file) = match &engine {
+            Engine::Ring(r) => (EngineKind::IoUring, r.fixed_file()),
+            Engine::Sync(_) => (EngineKind::Sync, false),
+        };
+        tracing::info!(
+            path = %path.display(),
+            engine = %engine_kind,
+            queue_depth,
+            offset_align = geometry.offset_align,
+            mem_align = geometry.mem_align,
+            size = geometry.size,
+            dsync = options.dsync,
+            "blockio: opened with O_DIRECT"
+        );
+        Ok(DirectWriter {
+            inner: Mutex::new(Inner {
+                engine,
+                ready: VecDeque::new(),
+                closed: false,
+            }),
+            file,
+            path: path.to_path_buf(),
+            engine_kind,
+            fallback,
+            fixed_file,
+            geometry,
+            queue_depth,
+        })
+    }
+
+    /// The engine actually in use: [`EngineKind::IoUring`] or [`EngineKind::Sync`].
+    pub fn engine(&self) -> EngineKind {
+        self.engine_kind
+    }
+
+    /// Why [`EngineKind::Auto`] fell back to the synchronous engine, if it did.
+    pub fn fallback_reason(&self) -> Option<&Error> {
+        self.fallback.as_ref()
+    }
+
+    /// Whether the io_uring engine uses a registered (fixed) file.
+    pub fn uses_fixed_file(&self) -> bool {
+        self.fixed_file
+    }
+
+    /// The path this writer opened.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The alignment that satisfies every direct-I/O rule at once: offsets, lengths and
+    /// buffer addresses that are multiples of it are accepted.
+    pub fn alignment(&self) -> usize {
+        self.geometry.offset_align.max(self.geometry.mem_align)
+    }
+
+    /// Required alignment of offsets and lengths (the logical block size on a device).
+    pub fn offset_alignment(&self) -> usize {
+        self.geometry.offset_align
+    }
+
+    /// Required alignment of buffer addresses.
+    pub fn memory_alignment(&self) -> usize {
+        self.geometry.mem_align
+    }
+
+    /// Size in bytes of the device (`BLKGETSIZE64`) or file (at open).
+    pub fn size(&self) -> u64 {
+        self.geometry.size
+    }
+
+    /// Whether the path is a block device.
+    pub fn is_block_device(&self) -> bool {
+        self.geometry.block_device
+    }
+
+    /// The configured queue depth.
+    pub fn queue_depth(&self) -> usize {
+        self.queue_depth
+    }
+
+    /// True once the device refused a request because of a reservation.
+    pub fn is_fenced(&self) -> bool {
+        lock(&self.inner).engine.fence().is_fenced()
+    }
+
+    /// The offset and length of the first request the device refused with a
+    /// reservation conflict.
+    pub fn fenced_at(&self) -> Option<(u64, usize)> {
+        lock(&self.inner).engine.fence().first()
+    }
+
+    /// Requests outstanding: submitted (or queued) and not yet returned by
+    /// [`reap`](DirectWriter::reap).
+    pub fn in_flight(&self) -> usize {
+        let inner = lock(&self.inner);
+        inner.engine.in_flight() + inner.ready.len()
+    }
+
+    /// Writes all of `buf` at `offset` and waits for the result. Requests queued with
+    /// [`submit_write`](DirectWriter::submit_write) that finish meanwhile are kept for
+    /// [`reap`](DirectWriter::reap).
+    pub fn write_at(&mut self, buf: &AlignedBuf, offset: u64) -> Result<()> {
+        let inner = inner_mut(&mut self.inner);
+        check_request(
+            &self.geometry,
+            inner,
+            Op::Write,
+            offset,
+            buf.len(),
+            buf.as_ptr() as usize,
+        )?;
+        match &mut inner.engine {
+            Engine::Ring(r) => r.write_blocking(buf.as_slice(), offset, &mut inner.ready),
+            Engine::Sync(s) => s.write_blocking(buf.as_slice(), offset),
+        }
+    }
+
+    /// Reads `buf.len()` bytes at `offset` into `buf` and waits for the result.
+    pub fn read_at(&self, buf: &mut AlignedBuf, offset: u64) -> Result<()> {
+        let mut guard = lock(&self.inner);
+        let inner = &mut *guard;
+        check_request(
+            &self.geometry,
+            inner,
+            Op::Read,
+            offset,
+            buf.len(),
+            buf.as_ptr() as usize,
+        )?;
+        match &mut inner.engine {
+            Engine::Ring(r) => r.read_blocking(buf.as_mut_slice(), offset, &mut inner.ready),
+            Engine::Sync(s) => s.read_blocking(buf.as_mut_slice(), offset),
+        }
+    }
+
+    fn submit_req(&mut self, req: Req) -> Result<(), Rejected> {
+        let qd = self.queue_depth;
+        let inner = inner_mut(&mut self.inner);
+        let addr = req.buf.as_ptr() as usize;
+        if let Err(error) = check_request(
+            &self.geometry,
+            inner,
+            req.op,
+            req.offset,
+            req.buf.len(),
+            addr,
+        ) {
+            return Err(Rejected {
+                error,
+                buf: req.buf,
+            });
+        }
+        if inner.engine.in_flight() + inner.ready.len() >= qd {
+            return Err(Rejected {
+                error: Error::QueueFull { queue_depth: qd },
+                buf: req.buf,
+            });
+        }
+        match &mut inner.engine {
+            Engine::Ring(r) => r.start(req).map_err(|(error, req)| Rejected {
+                error,
+                buf: req.buf,
+            }),
+            Engine::Sync(s) => {
+                s.start(req, &mut inner.ready);
+                Ok(())
+            }
+        }
+    }
+
+    /// Queues a write of all of `buf` at `offset`. It reaches the kernel at the next
+    /// [`submit`](DirectWriter::submit) or [`reap`](DirectWriter::reap) (the
+    /// synchronous engine performs it now). Its [`Completion`] carries `tag` and hands
+    /// `buf` back. A refused request hands `buf` back in the [`Rejected`].
+    pub fn submit_write(&mut self, buf: AlignedBuf, offset: u64, tag: u64) -> Result<(), Rejected> {
+        self.submit_req(Req {
+            op: Op::Write,
+            tag,
+            offset,
+            buf,
+        })
+    }
+
+    /// Queues a read of `buf.len()` bytes at `offset` into `buf`; see
+    /// [`submit_write`](DirectWriter::submit_write).
+    pub fn submit_read(&mut self, buf: AlignedBuf, offset: u64, tag: u64) -> Result<(), Rejected> {
+        self.submit_req(Req {
+            op: Op::Read,
+            tag,
+            offset,
+            buf,
+        })
+    }
+
+    /// Hands every queued request to the kernel in one system call, without waiting.
+    /// Returns how many were submitted.
+    pub fn submit(&mut self) -> Result<usize> {
+        match &mut inner_mut(&mut self.inner).engine {
+            Engine::Ring(r) => r.submit(),
+            Engine::Sync(_) => Ok(0),
+        }
+    }
+
+    /// Submits what is queued, waits until at least `min` requests have finished (or
+    /// none is outstanding), and appends every finished request to `out`. Returns how
+    /// many were appended.
+    pub fn reap(&mut self, min: usize, out: &mut Vec<Completion>) -> Result<usize> {
+        let inner = inner_mut(&mut self.inner);
+        if inner.ready.len() < min
+            && let Engine::Ring(r) = &mut inner.engine
+        {
+            let want = min - inner.ready.len();
+            r.reap(want, &mut inner.ready)?;
+        } else if let Engine::Ring(r) = &mut inner.engine {
+            // Pick up what is already done without blocking.
+            r.reap(0, &mut inner.ready)?;
+        }
+        let n = inner.ready.len();
+        out.extend(inner.ready.drain(..));
+        Ok(n)
+    }
+
+    /// Waits for every outstanding request and appends all completions to `out`.
+    pub fn wait_all(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
+        let inner = inner_mut(&mut self.inner);
+        if let Engine::Ring(r) = &mut inner.engine {
+            r.drain_all(&mut inner.ready)?;
+        }
+        let n = inner.ready.len();
+        out.extend(inner.ready.drain(..));
+        Ok(n)
+    }
+
+    /// Waits for every request in flight (their completions stay available to
+    /// [`reap`](DirectWriter::reap)), then makes all completed writes durable
+    /// (`fsync`: a cache flush on a block device).
+    pub fn flush(&mut self) -> Result<()> {
+        let inner = inner_mut(&mut self.inner);
+        if inner.closed {
+            return Err(Error::Closed);
+        }
+        if let Engine::Ring(r) = &mut inner.engine {
+            r.drain_all(&mut inner.ready)?;
+        }
+        self.file
+            .sync_all()
+            .map_err(|source| Error::Flush { source })
+    }
+
+    /// Waits for every request in flight and refuses all later requests with
+    /// [`Error::Closed`]. Completions not yet reaped stay available to
+    /// [`reap`](DirectWriter::reap). Dropping the writer also waits.
+    pub fn close(&mut self) -> Result<()> {
+        let inner = inner_mut(&mut self.inner);
+        if let Engine::Ring(r) = &mut inner.engine {
+            r.drain_all(&mut inner.ready)?;
+        }
+        inner.closed = true;
+        Ok(())
+    }
+
+    /// Makes the next request's result `res` (a byte count, or `-errno` such as
+    /// `-libc::EBADE`) instead of the device's. The request is not performed: the
+    /// io_uring engine submits a NOP in its place, the synchronous engine skips the
+    /// system call. For tests of fencing paths only.
+    #[cfg(any(test, feature = "fault-injection"))]
+    pub fn inject_completion(&mut self, res: i32) {
+        match &mut inner_mut(&mut self.inner).engine {
+            Engine::Ring(r) => r.inject(res),
+            Engine::Sync(s) => s.inject(res),
+        }
+    }
+
+    /// How many requests reached the kernel so far (io_uring SQEs submitted, or
+    /// read/write system calls): lets tests prove that a fenced writer submits nothing.
+    pub fn requests_submitted(&self) -> u64 {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => r.submitted_total(),
+            Engine::Sync(s) => s.syscalls(),
+        }
+    }
+}
+
+/// Checks a request before submission; the order makes a fenced writer fail fast.
+fn check_request(
+    g: &Geometry,
+    inner: &Inner,
+    op: Op,
+    offset: u64,
+    len: usize,
+    addr: usize,
+) -> Result<()> {
+    if inner.closed {
+        return Err(Error::Closed);
+    }
+    if op == Op::Write && inner.engine.fence().is_fenced() {
+        return Err(Error::ReservationConflict { offset, len });
+    }
+    if offset % g.offset_align as u64 != 0 {
+        return Err(Error::MisalignedOffset {
+            offset,
+            align: g.offset_align,
+        });
+    }
+    if len == 0 || len % g.offset_align != 0 {
+        return Err(Error::MisalignedLength {
+            len,
+            align: g.offset_align,
+        });
+    }
+    if addr % g.mem_align != 0 {
+        return Err(Error::MisalignedBuffer {
+            addr,
+            align: g.mem_align,
+        });
+    }
+    if len > MAX_RW_COUNT {
+        return Err(Error::RequestTooLarge {
+            len,
+            max: MAX_RW_COUNT,
+        });
+    }
+    match offset.checked_add(len as u64) {
+        Some(end) if end <= g.size => Ok(()),
+        _ => Err(Error::OutOfBounds {
+            offset,
+            len,
+            size: g.size,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The fenced state and the error mapping, driven by injected completion results
+    //! through the real engines on a temp file.
+
+    use super::*;
+
+    const LEN: u64 = 1 << 20;
+
+    fn temp_file() -> (tempfile::TempDir, PathBuf) {
+        let base = std::env::var_os("BLOCKIO_TEST_DIR").unwrap_or_else(|| "/var/tmp".into());
+        let dir = tempfile::tempdir_in(base).expect("temp dir");
+        let path = dir.path().join("dev.img");
+        File::create(&path)
+            .and_then(|f| f.set_len(LEN))
+            .expect("create");
+        (dir, path)
+    }
+
+    fn open(path: &Path, engine: EngineKind) -> DirectWriter {
+        let w = DirectWriter::open(path, Options::default().engine(engine).queue_depth(8))
+            .expect("open");
+        assert_eq!(w.engine(), engine);
+        w
+    }
+
+    fn filled(w: &DirectWriter, len: usize, byte: u8) -> AlignedBuf {
+        let mut b = AlignedBuf::zeroed(len, w.alignment()).expect("buf");
+        b.as_mut_slice().fill(byte);
+        b
+    }
+
+    fn on_disk(path: &Path, offset: u64, len: usize) -> Vec<u8> {
+        let data = std::fs::read(path).expect("read back");
+        data[offset as usize..offset as usize + len].to_vec()
+    }
+
+    fn conflict_fences_and_fails_fast(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let mut w = open(&path, engine);
+        let a = w.alignment();
+        let buf = filled(&w, 4 * a, 0x5a);
+        w.write_at(&buf, 0).expect("first write");
+        assert!(!w.is_fenced());
+
+        w.inject_completion(-libc::EBADE);
+        let before = w.requests_submitted();
+        let off = 8 * a as u64;
+        let err = w.write_at(&buf, off).expect_err("injected EBADE");
+        assert!(
+            matches!(err, Error::ReservationConflict { offset, len } if offset == off && len == 4 * a),
+            "{err:?}"
+        );
+        assert!(w.is_fenced());
+        assert_eq!(w.fenced_at(), Some((off, 4 * a)));
+        // The refused write did not land (the engine never performed it).
+        assert!(on_disk(&path, off, 4 * a).iter().all(|&b| b == 0));
+
+        // Fail fast: the same typed error, and nothing reaches the kernel.
+        let submitted = w.requests_submitted();
+        assert!(submitted > before || engine == EngineKind::Sync);
+        let again = w.write_at(&buf, 16 * a as u64).expect_err("fenced");
+        assert!(
+            matches!(again, Error::ReservationConflict { offset, .. } if offset == 16 * a as u64)
+        );
+        let rejected = w.submit_write(buf.clone(), 0, 7).expect_err("fenced");
+        assert!(rejected.error.is_reservation_conflict());
+        assert_eq!(rejected.buf, buf, "the buffer is handed back");
+        assert_eq!(
+            w.requests_submitted(),
+            submitted,
+            "a fenced writer submitted a request"
+        );
+        assert!(on_disk(&path, 16 * a as u64, 4 * a).iter().all(|&b| b == 0));
+
+        // Reads still go to the device (it decides), and see the first write.
+        let mut rb = AlignedBuf::zeroed(4 * a, a).expect("buf");
+        w.read_at(&mut rb, 0).expect("read while fenced");
+        assert_eq!(rb, buf);
+    }
+
+    #[test]
+    fn conflict_fences_and_fails_fast_io_uring() {
+        conflict_fences_and_fails_fast(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn conflict_fences_and_fails_fast_sync() {
+        conflict_fences_and_fails_fast(EngineKind::Sync);
+    }
+
+    fn conflict_among_queued_requests(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let mut w = open(&path, engine);
+        let a = w.alignment();
+        // Requests 0 and 1 are fine, request 2 is refused. Request 3 was queued before
+        // the conflict was known on io_uring, so it runs; the synchronous engine
+        // performed request 2 at submission, so request 3 fails fast.
+        for tag in 0..4u64 {
+            if tag == 2 {
+                w.inject_completion(-libc::EBADE);
+            }
+            let r = w.submit_write(filled(&w, a, tag as u8 + 1), tag * a as u64, tag);
+            if tag == 3 && engine == EngineKind::Sync {
+                let r = r.expect_err("the sync engine knew the conflict at submission");
+                assert!(r.error.is_reservation_conflict());
+                assert!(on_disk(&path, 3 * a as u64, a).iter().all(|&b| b == 0));
+            } else {
+                r.expect("submit");
+            }
+        }
+        let mut out = Vec::new();
+        w.wait_all(&mut out).expect("wait");
+        out.sort_by_key(|c| c.tag);
+        let expected = if engine == EngineKind::Sync { 3 } else { 4 };
+        assert_eq!(out.len(), expected);
+        for c in &out {
+            assert_eq!((c.offset, c.len), (c.tag * a as u64, a));
+            if c.tag == 2 {
+                assert!(
+                    matches!(c.result, Err(Error::ReservationConflict { offset, len }) if offset == 2 * a as u64 && len == a),
+                    "{:?}",
+                    c.result
+                );
+            } else {
+                c.result.as_ref().expect("unaffected request");
+                assert_eq!(on_disk(&path, c.offset, a), vec![c.tag as u8 + 1; a]);
+            }
+        }
+        assert!(w.is_fenced());
+        assert_eq!(w.fenced_at(), Some((2 * a as u64, a)));
+        let r = w.submit_write(filled(&w, a, 9), 0, 9).expect_err("fenced");
+        assert!(r.error.is_reservation_conflict());
+    }
+
+    #[test]
+    fn conflict_among_queued_requests_io_uring() {
+        conflict_among_queued_requests(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn conflict_among_queued_requests_sync() {
+        conflict_among_queued_requests(EngineKind::Sync);
+    }
+
+    fn short_and_interrupted_requests_complete(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let mut w = open(&path, engine);
+        let a = w.alignment();
+        let buf = filled(&w, 4 * a, 0x77);
+
+        // A short write of one block: the rest is submitted from there. (The injected
+        // result replaces the first submission, so block 0 is never written.)
+        w.inject_completion(a as i32);
+        w.write_at(&buf, 0).expect("short write continued");
+        assert!(on_disk(&path, 0, a).iter().all(|&b| b == 0));
+        assert_eq!(on_disk(&path, a as u64, 3 * a), vec![0x77; 3 * a]);
+
+        // EINTR and EAGAIN are resubmitted.
+        w.inject_completion(-libc::EINTR);
+        w.inject_completion(-libc::EAGAIN);
+        w.write_at(&buf, 8 * a as u64)
+            .expect("interrupted write resubmitted");
+        assert_eq!(on_disk(&path, 8 * a as u64, 4 * a), vec![0x77; 4 * a]);
+
+        // A short write that stops at a misaligned point is reported precisely.
+        w.inject_completion(100);
+        let e = w
+            .write_at(&buf, 16 * a as u64)
+            .expect_err("misaligned short write");
+        assert!(
+            matches!(e, Error::Short { op: Op::Write, offset, len, done: 100 } if offset == 16 * a as u64 && len == 4 * a),
+            "{e:?}"
+        );
+
+        // Other errnos are I/O errors with context, and do not fence.
+        w.inject_completion(-libc::EIO);
+        let e = w.write_at(&buf, 0).expect_err("EIO");
+        match e {
+            Error::Io {
+                op: Op::Write,
+                offset: 0,
+                len,
+                source,
+            } => {
+                assert_eq!(len, 4 * a);
+                assert_eq!(source.raw_os_error(), Some(libc::EIO));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!w.is_fenced());
+        w.write_at(&buf, 0).expect("still writable after EIO");
+    }
+
+    #[test]
+    fn short_and_interrupted_requests_complete_io_uring() {
+        short_and_interrupted_requests_complete(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn short_and_interrupted_requests_complete_sync() {
+        short_and_interrupted_requests_complete(EngineKind::Sync);
+    }
+}
