@@ -424,3 +424,514 @@ impl Reservations for Host {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KA: Key = Key(0xa);
+    const KB: Key = Key(0xb);
+    const KC: Key = Key(0xc);
+
+    fn hosts() -> (Namespace, Host, Host, Host) {
+        let ns = Namespace::new();
+        let (a, b, c) = (
+            ns.host(HostId([0xa; 16])),
+            ns.host(HostId([0xb; 16])),
+            ns.host(HostId([0xc; 16])),
+        );
+        (ns, a, b, c)
+    }
+
+    fn status_of(r: Result<()>) -> Option<NvmeStatus> {
+        match r {
+            Ok(()) => None,
+            Err(e) => Some(e.status().unwrap_or_else(|| panic!("not a status: {e}"))),
+        }
+    }
+
+    fn is_conflict(r: Result<()>) -> bool {
+        status_of(r).is_some_and(|s| s.is_reservation_conflict() && s.dnr())
+    }
+
+    fn is_invalid_field(r: Result<()>) -> bool {
+        status_of(r).is_some_and(|s| s.same_code(NvmeStatus::INVALID_FIELD) && s.dnr())
+    }
+
+    fn allowed(h: &Host, access: Access) -> bool {
+        match h.check(access) {
+            Ok(()) => true,
+            Err(e) if e.is_reservation_conflict() => false,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Base 2.0c 8.19, "Command Behavior in the Presence of a Reservation": per type,
+    /// (read, write) allowed for the holder, a registrant and a non-registrant.
+    #[test]
+    fn access_matrix_for_all_six_types() {
+        type Row = (ReservationType, [(bool, bool); 3]);
+        const Y: bool = true;
+        const N: bool = false;
+        let table: [Row; 6] = [
+            (ReservationType::WRITE_EXCLUSIVE, [(Y, Y), (Y, N), (Y, N)]),
+            (ReservationType::EXCLUSIVE_ACCESS, [(Y, Y), (N, N), (N, N)]),
+            (
+                ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                [(Y, Y), (Y, Y), (Y, N)],
+            ),
+            (
+                ReservationType::EXCLUSIVE_ACCESS_REGISTRANTS_ONLY,
+                [(Y, Y), (Y, Y), (N, N)],
+            ),
+            (
+                ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS,
+                [(Y, Y), (Y, Y), (Y, N)],
+            ),
+            (
+                ReservationType::EXCLUSIVE_ACCESS_ALL_REGISTRANTS,
+                [(Y, Y), (Y, Y), (N, N)],
+            ),
+        ];
+        for (rtype, want) in table {
+            let (_ns, a, b, c) = hosts();
+            for h in [&a, &b, &c] {
+                assert!(
+                    allowed(h, Access::Read) && allowed(h, Access::Write),
+                    "no reservation"
+                );
+            }
+            a.register(&Register::register(KA)).unwrap();
+            b.register(&Register::register(KB)).unwrap();
+            a.acquire(&Acquire::acquire(KA, rtype)).unwrap();
+            let got = [&a, &b, &c].map(|h| (allowed(h, Access::Read), allowed(h, Access::Write)));
+            assert_eq!(got, want, "{rtype}: holder, registrant, non-registrant");
+            // The non-registrant registering gets the registrant row.
+            c.register(&Register::register(KC)).unwrap();
+            assert_eq!(
+                (allowed(&c, Access::Read), allowed(&c, Access::Write)),
+                want[1],
+                "{rtype}: C after registering"
+            );
+            let report = a.report().unwrap();
+            assert_eq!(report.rtype, rtype);
+            let rcsts: Vec<u8> = report.registrants.iter().map(|r| r.rcsts).collect();
+            if rtype.is_all_registrants() {
+                assert_eq!(rcsts, [1, 1, 1], "{rtype}: every registrant holds");
+            } else {
+                assert_eq!(rcsts, [1, 0, 0], "{rtype}");
+            }
+        }
+    }
+
+    #[test]
+    fn register_replace_unregister_with_and_without_iekey() {
+        let (ns, a, b, _) = hosts();
+        assert!(matches!(
+            a.register(&Register::register(Key(0))),
+            Err(Error::ZeroKey { .. })
+        ));
+        assert_eq!(
+            ns.snapshot().generation,
+            0,
+            "refused before reaching the device"
+        );
+        a.register(&Register::register(KA)).unwrap();
+        // Same key again: success, and counted.
+        a.register(&Register::register(KA)).unwrap();
+        assert_eq!(ns.snapshot().generation, 2);
+        assert!(is_conflict(a.register(&Register::register(KB))));
+        // Replace needs CRKEY unless IEKEY.
+        assert!(is_conflict(a.register(&Register::replace(KB, KC))));
+        a.register(&Register::replace(KA, KC)).unwrap();
+        a.register(&Register::replace(Key(0x999), KA).with_iekey(true))
+            .unwrap();
+        // Replace/unregister by a host that is not registered: conflict even with IEKEY.
+        assert!(is_conflict(
+            b.register(&Register::replace(KB, KC).with_iekey(true))
+        ));
+        assert!(is_conflict(
+            b.register(&Register::unregister(KB).with_iekey(true))
+        ));
+        assert!(is_conflict(a.register(&Register::unregister(KB))));
+        a.register(&Register::unregister(Key(0)).with_iekey(true))
+            .unwrap();
+        let st = ns.snapshot();
+        assert!(st.registrants.is_empty());
+        assert_eq!(st.generation, 5, "register x2, replace x2, unregister");
+    }
+
+    #[test]
+    fn acquire_rules() {
+        let (ns, a, b, c) = hosts();
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        let we = ReservationType::WRITE_EXCLUSIVE;
+        assert!(is_invalid_field(
+            a.acquire(&Acquire::acquire(KA, we).with_iekey(true))
+        ));
+        assert!(is_invalid_field(
+            a.acquire(&Acquire::acquire(KA, ReservationType(0)))
+        ));
+        assert!(is_invalid_field(
+            a.acquire(&Acquire::acquire(KA, ReservationType(7)))
+        ));
+        assert!(
+            is_conflict(c.acquire(&Acquire::acquire(KC, we))),
+            "not registered"
+        );
+        assert!(
+            is_conflict(a.acquire(&Acquire::acquire(KB, we))),
+            "wrong CRKEY"
+        );
+        let g = ns.snapshot().generation;
+        a.acquire(&Acquire::acquire(KA, we)).unwrap();
+        a.acquire(&Acquire::acquire(KA, we)).unwrap();
+        assert!(is_conflict(a.acquire(&Acquire::acquire(
+            KA,
+            ReservationType::EXCLUSIVE_ACCESS
+        ))));
+        assert!(is_conflict(b.acquire(&Acquire::acquire(KB, we))));
+        assert_eq!(ns.snapshot().generation, g, "acquire does not count");
+        assert_eq!(ns.snapshot().holder().map(|h| h.rkey), Some(KA));
+    }
+
+    #[test]
+    fn acquire_all_registrants_held_by_another_registrant_is_a_conflict() {
+        // nvmet keeps one holder record even for the All Registrants types.
+        let (_ns, a, b, _) = hosts();
+        let wear = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        a.acquire(&Acquire::acquire(KA, wear)).unwrap();
+        assert!(is_conflict(b.acquire(&Acquire::acquire(KB, wear))));
+    }
+
+    #[test]
+    fn preempting_the_holder_moves_the_reservation_and_removes_it() {
+        for rtype in ReservationType::ALL
+            .into_iter()
+            .filter(|t| !t.is_all_registrants())
+        {
+            let (ns, a, b, c) = hosts();
+            a.register(&Register::register(KA)).unwrap();
+            b.register(&Register::register(KB)).unwrap();
+            c.register(&Register::register(KC)).unwrap();
+            a.acquire(&Acquire::acquire(KA, rtype)).unwrap();
+            let g = ns.snapshot().generation;
+            let new_type = ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
+            b.acquire(&Acquire::preempt(KB, KA, new_type)).unwrap();
+            let st = ns.snapshot();
+            assert_eq!(st.generation, g + 1, "{rtype}");
+            assert_eq!(st.rtype, new_type);
+            assert_eq!(st.holder().map(|h| h.rkey), Some(KB));
+            assert!(!st.is_registered(KA) && st.is_registered(KC));
+            assert!(
+                !allowed(&a, Access::Write),
+                "{rtype}: preempted host fenced"
+            );
+            assert!(allowed(&c, Access::Write));
+            // The preempted host can no longer act with its key.
+            assert!(is_conflict(a.acquire(&Acquire::acquire(KA, new_type))));
+        }
+    }
+
+    #[test]
+    fn preempting_a_non_holder_leaves_the_reservation() {
+        let (ns, a, b, c) = hosts();
+        let earo = ReservationType::EXCLUSIVE_ACCESS_REGISTRANTS_ONLY;
+        for (h, k) in [(&a, KA), (&b, KB), (&c, KC)] {
+            h.register(&Register::register(k)).unwrap();
+        }
+        a.acquire(&Acquire::acquire(KA, earo)).unwrap();
+        b.acquire(&Acquire::preempt_and_abort(
+            KB,
+            KC,
+            ReservationType::WRITE_EXCLUSIVE,
+        ))
+        .unwrap();
+        let st = ns.snapshot();
+        assert_eq!(st.rtype, earo, "type unchanged");
+        assert_eq!(st.holder().map(|h| h.rkey), Some(KA));
+        assert!(!st.is_registered(KC) && st.is_registered(KB));
+        assert!(!allowed(&c, Access::Read));
+        // PRKEY 0 with a holder-based reservation held by another: Invalid Field.
+        assert!(is_invalid_field(b.acquire(&Acquire::preempt(
+            KB,
+            Key(0),
+            earo
+        ))));
+        // A PRKEY nobody has: conflict.
+        assert!(is_conflict(b.acquire(&Acquire::preempt(
+            KB,
+            Key(0x77),
+            earo
+        ))));
+        assert_eq!(
+            st.generation,
+            ns.snapshot().generation,
+            "failures do not count"
+        );
+    }
+
+    #[test]
+    fn holder_preempting_itself_changes_the_type() {
+        let (ns, a, b, _) = hosts();
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        a.acquire(&Acquire::acquire(KA, ReservationType::WRITE_EXCLUSIVE))
+            .unwrap();
+        a.acquire(&Acquire::preempt(KA, KB, ReservationType::EXCLUSIVE_ACCESS))
+            .unwrap();
+        let st = ns.snapshot();
+        assert_eq!(st.rtype, ReservationType::EXCLUSIVE_ACCESS);
+        assert!(
+            st.is_registered(KB),
+            "nvmet does not remove PRKEY's registrants here"
+        );
+        assert_eq!(st.generation, 3, "two registers, one preempt");
+    }
+
+    #[test]
+    fn preempt_without_reservation_removes_by_key() {
+        let (ns, a, b, c) = hosts();
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        c.register(&Register::register(KB)).unwrap();
+        a.acquire(&Acquire::preempt(KA, KB, ReservationType::WRITE_EXCLUSIVE))
+            .unwrap();
+        let st = ns.snapshot();
+        assert_eq!(st.rtype, ReservationType::NONE, "no reservation is created");
+        assert_eq!(st.registrants.len(), 1);
+        assert!(is_conflict(a.acquire(&Acquire::preempt(
+            KA,
+            Key(0),
+            ReservationType::WRITE_EXCLUSIVE
+        ))));
+    }
+
+    #[test]
+    fn all_registrants_preempt_with_zero_prkey_takes_everything() {
+        for rtype in [
+            ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS,
+            ReservationType::EXCLUSIVE_ACCESS_ALL_REGISTRANTS,
+        ] {
+            let (ns, a, b, c) = hosts();
+            for (h, k) in [(&a, KA), (&b, KB), (&c, KC)] {
+                h.register(&Register::register(k)).unwrap();
+            }
+            a.acquire(&Acquire::acquire(KA, rtype)).unwrap();
+            b.acquire(&Acquire::preempt(
+                KB,
+                Key(0),
+                ReservationType::WRITE_EXCLUSIVE,
+            ))
+            .unwrap();
+            let st = ns.snapshot();
+            assert_eq!(st.rtype, ReservationType::WRITE_EXCLUSIVE);
+            assert_eq!(st.registrants.len(), 1);
+            assert_eq!(st.holder().map(|h| h.rkey), Some(KB));
+            assert!(!allowed(&a, Access::Write) && !allowed(&c, Access::Write));
+        }
+    }
+
+    #[test]
+    fn all_registrants_preempt_by_key_keeps_the_reservation() {
+        let (ns, a, b, c) = hosts();
+        let eaar = ReservationType::EXCLUSIVE_ACCESS_ALL_REGISTRANTS;
+        for (h, k) in [(&a, KA), (&b, KB), (&c, KC)] {
+            h.register(&Register::register(k)).unwrap();
+        }
+        a.acquire(&Acquire::acquire(KA, eaar)).unwrap();
+        // C preempts A (the holder record): the reservation stays All Registrants and
+        // passes on; A is out.
+        c.acquire(&Acquire::preempt(KC, KA, ReservationType::WRITE_EXCLUSIVE))
+            .unwrap();
+        let st = ns.snapshot();
+        assert_eq!(st.rtype, eaar);
+        assert_eq!(
+            st.registrants.iter().map(|r| r.rkey).collect::<Vec<_>>(),
+            [KB, KC]
+        );
+        assert!(st.registrants.iter().all(|r| r.rcsts == 1));
+        assert!(!allowed(&a, Access::Read) && allowed(&b, Access::Write));
+    }
+
+    #[test]
+    fn holder_unregistering() {
+        // Holder-based types: the reservation is released.
+        let (ns, a, b, _) = hosts();
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        a.acquire(&Acquire::acquire(KA, ReservationType::EXCLUSIVE_ACCESS))
+            .unwrap();
+        a.register(&Register::unregister(KA)).unwrap();
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+        // All Registrants: it passes to the next registrant, and ends with the last.
+        let wear = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+        a.register(&Register::register(KA)).unwrap();
+        b.acquire(&Acquire::acquire(KB, wear)).unwrap();
+        b.register(&Register::unregister(KB)).unwrap();
+        let st = ns.snapshot();
+        assert_eq!(st.rtype, wear);
+        assert_eq!(st.holder().map(|h| h.rkey), Some(KA));
+        a.release(&Release::release(KA, wear)).unwrap();
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+    }
+
+    #[test]
+    fn release_and_clear() {
+        let (ns, a, b, c) = hosts();
+        let we = ReservationType::WRITE_EXCLUSIVE;
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        a.acquire(&Acquire::acquire(KA, we)).unwrap();
+        let g = ns.snapshot().generation;
+        assert!(is_invalid_field(
+            a.release(&Release::release(KA, we).with_iekey(true))
+        ));
+        assert!(
+            is_conflict(c.release(&Release::release(KC, we))),
+            "not registered"
+        );
+        assert!(
+            is_conflict(a.release(&Release::release(KB, we))),
+            "wrong key"
+        );
+        b.release(&Release::release(KB, we)).unwrap();
+        assert_eq!(ns.snapshot().rtype, we, "a non-holder's release is a no-op");
+        assert!(is_conflict(a.release(&Release::release(
+            KA,
+            ReservationType::EXCLUSIVE_ACCESS
+        ))));
+        a.release(&Release::release(KA, we)).unwrap();
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+        assert_eq!(ns.snapshot().generation, g, "release does not count");
+        a.acquire(&Acquire::acquire(KA, we)).unwrap();
+        b.release(&Release::clear(KB)).unwrap();
+        let st = ns.snapshot();
+        assert!(st.registrants.is_empty() && st.rtype == ReservationType::NONE);
+        assert_eq!(st.generation, g + 1);
+    }
+
+    /// Generation per step (nvmet's rules; see the module docs).
+    #[test]
+    fn generation_table() {
+        enum C {
+            Reg(Register),
+            Acq(Acquire),
+            Rel(Release),
+        }
+        let (ns, a, b, _) = hosts();
+        let we = ReservationType::WRITE_EXCLUSIVE;
+        // (what, host, command, succeeds, generation delta)
+        let steps = [
+            ("A register", &a, C::Reg(Register::register(KA)), true, 1),
+            ("B register", &b, C::Reg(Register::register(KB)), true, 1),
+            ("A acquire", &a, C::Acq(Acquire::acquire(KA, we)), true, 0),
+            ("B replace", &b, C::Reg(Register::replace(KB, KC)), true, 1),
+            (
+                "B replace, stale key",
+                &b,
+                C::Reg(Register::replace(KB, KC)),
+                false,
+                0,
+            ),
+            ("A release", &a, C::Rel(Release::release(KA, we)), true, 0),
+            ("A acquire", &a, C::Acq(Acquire::acquire(KA, we)), true, 0),
+            (
+                "B preempt A",
+                &b,
+                C::Acq(Acquire::preempt(KC, KA, we)),
+                true,
+                1,
+            ),
+            (
+                "A register again",
+                &a,
+                C::Reg(Register::register(KA)),
+                true,
+                1,
+            ),
+            (
+                "A acquire, held",
+                &a,
+                C::Acq(Acquire::acquire(KA, we)),
+                false,
+                0,
+            ),
+            (
+                "A preempt-and-abort B",
+                &a,
+                C::Acq(Acquire::preempt_and_abort(KA, KC, we)),
+                true,
+                1,
+            ),
+            ("A clear", &a, C::Rel(Release::clear(KA)), true, 1),
+        ];
+        for (what, h, cmd, ok, delta) in steps {
+            let before = ns.snapshot().generation;
+            let r = match &cmd {
+                C::Reg(c) => h.register(c),
+                C::Acq(c) => h.acquire(c),
+                C::Rel(c) => h.release(c),
+            };
+            assert_eq!(r.is_ok(), ok, "{what}: {r:?}");
+            assert_eq!(ns.snapshot().generation - before, delta, "{what}");
+        }
+        assert_eq!(ns.snapshot().generation, 7);
+    }
+
+    #[test]
+    fn fault_injection() {
+        let (ns, a, _, _) = hosts();
+        ns.fail_next(Operation::Register, NvmeStatus::INTERNAL);
+        ns.fail_next(Operation::Report, NvmeStatus::RESERVATION_CONFLICT);
+        let e = a.register(&Register::register(KA)).unwrap_err();
+        assert_eq!(e.status(), Some(NvmeStatus::INTERNAL));
+        assert!(ns.snapshot().registrants.is_empty(), "state untouched");
+        a.register(&Register::register(KA)).unwrap();
+        assert!(a.report().unwrap_err().is_reservation_conflict());
+        assert_eq!(a.report().unwrap().registrants.len(), 1);
+        ns.fail_next(Operation::Acquire, NvmeStatus::INTERNAL);
+        ns.clear_faults();
+        a.acquire(&Acquire::acquire(KA, ReservationType::WRITE_EXCLUSIVE))
+            .unwrap();
+    }
+
+    #[test]
+    fn report_shape_matches_nvmet() {
+        let (_ns, a, b, _) = hosts();
+        b.register(&Register::register(KB)).unwrap();
+        a.register(&Register::register(KA)).unwrap();
+        let st = a.report().unwrap();
+        assert!(st.extended && !st.ptpls);
+        assert_eq!(st.regctl, 2);
+        assert_eq!(st.registrants[0].hostid, b.hostid(), "registration order");
+        assert!(
+            st.registrants
+                .iter()
+                .all(|r| r.cntlid == 0xffff && r.rcsts == 0)
+        );
+        // The report survives the wire format.
+        assert_eq!(
+            crate::report::parse_extended(&crate::report::encode(&st)),
+            Ok(st)
+        );
+    }
+
+    #[test]
+    fn hosts_are_shareable_across_threads() {
+        let (ns, a, _, _) = hosts();
+        let handles: Vec<_> = (0..4u8)
+            .map(|i| {
+                let h = ns.host(HostId([0x10 + i; 16]));
+                std::thread::spawn(move || h.register(&Register::register(Key(100 + u64::from(i)))))
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap().unwrap();
+        }
+        assert_eq!(a.report().unwrap().registrants.len(), 4);
+    }
+}
