@@ -325,6 +325,11 @@ impl Agent {
         Ok(())
     }
 
+    /// Our node id.
+    pub fn node(&self) -> &NodeId {
+        &self.cfg.node
+    }
+
     /// The I/O gate.
     pub fn gate(&self) -> IoGate {
         self.gate.clone()

@@ -23,6 +23,24 @@ pub struct ControllerConfig {
     pub id: String,
     /// Reconciliation sweep period (default 30 s).
     pub sweep_interval: Duration,
+    /// Sweep as soon as the controller starts (default). Off only in tests that must
+    /// prove a later trigger (compaction) starts the sweep.
+    pub sweep_on_start: bool,
+    /// Start the membership watch from this revision instead of "now" (a controller
+    /// resuming after downtime).
+    pub watch_from: Option<i64>,
+}
+
+impl ControllerConfig {
+    /// Defaults: sweep every 30 s, starting at once; watch from now.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            sweep_interval: Duration::from_secs(30),
+            sweep_on_start: true,
+            watch_from: None,
+        }
+    }
 }
 
 /// Counters (for tests, benches and `status`).
@@ -118,11 +136,27 @@ impl Controller {
             let mut fences = JoinSet::new();
             let sweeper = this.clone();
             fences.spawn(async move { sweeper.sweep_loop().await });
+            let leases = this.store.clone();
+            fences.spawn(async move {
+                // Keep a fresh spare claim lease ready, so a claim never waits on a grant.
+                loop {
+                    if let Err(e) = leases.prepare_claim_lease().await {
+                        tracing::debug!(error = %e, "preparing a claim lease failed");
+                    }
+                    tokio::time::sleep(leases.claim_ttl() / 8).await;
+                }
+            });
             this.watch_loop(&mut fences).await;
         })
     }
 
     async fn sweep_loop(self: Arc<Self>) {
+        if !self.cfg.sweep_on_start {
+            tokio::select! {
+                _ = tokio::time::sleep(self.cfg.sweep_interval) => {}
+                _ = self.sweep_now.notified() => {}
+            }
+        }
         loop {
             match self.sweep_once().await {
                 Ok(r) => tracing::debug!(step = "sweep", ?r, "sweep done"),
@@ -137,7 +171,7 @@ impl Controller {
 
     async fn watch_loop(self: &Arc<Self>, fences: &mut JoinSet<()>) {
         // Start from "now": whatever happened before is the sweep's (it runs at once).
-        let mut last_rev: i64 = 0;
+        let mut last_rev: i64 = self.cfg.watch_from.map_or(0, |r| r - 1);
         let mut backoff = Duration::from_millis(100);
         loop {
             let _ = self.store.prepare_claim_lease().await;
@@ -279,6 +313,7 @@ impl Controller {
     /// Runs one fence of `victim` to a terminal state. Every `Err` leaves the fence owed.
     pub async fn fence(&self, victim: Victim, trigger: Trigger, guard: ClaimGuard) -> FenceState {
         let rt0 = self.store.round_trips();
+        let mut critical = 0;
         let (mut run, _) = FenceRun::new(
             victim.clone(),
             trigger,
@@ -287,6 +322,7 @@ impl Controller {
             Instant::now(),
         );
         let mut claimed = self.claim_with_retry(&victim, guard).await;
+        critical += self.store.round_trips() - rt0;
         if let Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })) = &claimed {
             if honour_departure(*arenas) {
                 tracing::info!(step = "claim", node = %victim.node, "departure marker honoured: node owns no arena, not fenced");
@@ -322,11 +358,7 @@ impl Controller {
             }) => Some((*generation_rev, *claim_rev, arenas.clone())),
             _ => None,
         };
-        if won.is_some() {
-            // Refill the spare claim lease off the critical path.
-            let store = self.store.clone();
-            tokio::spawn(async move { store.prepare_claim_lease().await });
-        }
+        let won_claim = won.is_some();
         let mut action = run.on_claim(outcome, Instant::now());
         if action == FenceAction::Sever {
             let r = self.fencer.fence(&victim).await;
@@ -362,11 +394,13 @@ impl Controller {
                         )
                         .await
                 };
+                let rt1 = self.store.round_trips();
                 let r = bump.await;
+                critical += self.store.round_trips() - rt1;
                 run.on_finish(r.map_err(|e| e.to_string()));
                 self.stats
                     .last_fence_round_trips
-                    .store(self.store.round_trips() - rt0, Ordering::Relaxed);
+                    .store(critical, Ordering::Relaxed);
                 if let FenceState::Fenced { generation } = run.state() {
                     tracing::info!(
                         target: "fenced::audit",
@@ -409,6 +443,11 @@ impl Controller {
                 }
             }
             _ => {}
+        }
+        if won_claim {
+            // Refill the spare claim lease, off the critical path.
+            let store = self.store.clone();
+            tokio::spawn(async move { store.prepare_claim_lease().await });
         }
         let state = run.state().clone();
         match &state {

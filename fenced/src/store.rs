@@ -281,6 +281,11 @@ impl EtcdStore {
         Ok(store)
     }
 
+    /// TTL of fence claims.
+    pub fn claim_ttl(&self) -> Duration {
+        self.claim_ttl
+    }
+
     /// The key layout.
     pub fn keys(&self) -> &Keys {
         &self.keys

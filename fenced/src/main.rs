@@ -1,0 +1,439 @@
+//! `fenced`: the fencing daemon and its operator CLI.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand, ValueEnum};
+use fenced::NodeId;
+use fenced::agent::{Agent, AgentConfig, AgentExit};
+use fenced::controller::{Controller, ControllerConfig};
+use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer, PreemptMode};
+use fenced::node::local_instance_id;
+use fenced::store::{EtcdStore, StoreError};
+use serde::Deserialize;
+
+/// Exit code of a daemon that self-fenced.
+const EXIT_SELF_FENCED: u8 = 3;
+/// Exit code of a leave that could not complete (peers will fence).
+const EXIT_LEAVE_INCOMPLETE: u8 = 4;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fenced",
+    version,
+    about = "Fencing daemon: etcd membership leases, NVMe reservation preemption, generation bumps"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum FencerKind {
+    /// Preempt the victim's NVMe reservation key, then verify it is gone.
+    Nvme,
+    /// Single-signal: bump on lease expiry alone (no shared device to cut off).
+    None,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum PreemptArg {
+    PreemptAndAbort,
+    Preempt,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, clap::Args)]
+struct EtcdArgs {
+    /// etcd endpoints, comma separated.
+    #[arg(long, env = "FENCED_ETCD_ENDPOINTS", value_delimiter = ',')]
+    etcd_endpoints: Option<Vec<String>>,
+    /// Key root.
+    #[arg(long, env = "FENCED_ROOT")]
+    root: Option<String>,
+    /// Optional TOML config file (keys as the long flags, with underscores).
+    #[arg(long, env = "FENCED_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run the node agent and the controller.
+    Run(Box<RunArgs>),
+    /// Show members, generations, owed fences, claims and arenas.
+    Status {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value = "text")]
+        output: Output,
+    },
+    /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
+    Leave {
+        /// The daemon's pid file.
+        #[arg(long, env = "FENCED_PID_FILE")]
+        pid_file: PathBuf,
+        /// How long to wait for the daemon to finish leaving.
+        #[arg(long, default_value = "30")]
+        timeout_secs: u64,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// This node's id ([A-Za-z0-9._-], at most 63).
+    #[arg(long, env = "FENCED_NODE_ID")]
+    node_id: Option<String>,
+    /// Instance id (default: EC2 instance id, else machine id).
+    #[arg(long, env = "FENCED_INSTANCE_ID")]
+    instance_id: Option<String>,
+    /// The shared namespace (/dev/nvmeXnY or /dev/ngXnY).
+    #[arg(long, env = "FENCED_BLOCK_DEVICE")]
+    block_device: Option<PathBuf>,
+    /// Fencer.
+    #[arg(long, env = "FENCED_FENCER", value_enum)]
+    fencer: Option<FencerKind>,
+    /// Reservation Acquire action used to fence.
+    #[arg(long, env = "FENCED_PREEMPT", value_enum)]
+    preempt: Option<PreemptArg>,
+    /// Membership lease TTL in seconds.
+    #[arg(long, env = "FENCED_TTL_SECS")]
+    ttl_secs: Option<u64>,
+    /// Self-fence when the lease was not renewed for this long (default 2 x TTL).
+    #[arg(long, env = "FENCED_SELF_FENCE_MARGIN_SECS")]
+    self_fence_margin_secs: Option<u64>,
+    /// Fence claim TTL in seconds (longer than the longest fence).
+    #[arg(long, env = "FENCED_CLAIM_TTL_SECS")]
+    claim_ttl_secs: Option<u64>,
+    /// Reconciliation sweep period in seconds.
+    #[arg(long, env = "FENCED_SWEEP_SECS")]
+    sweep_secs: Option<u64>,
+    /// Arenas to claim from the free pool.
+    #[arg(long, env = "FENCED_ARENAS")]
+    arenas: Option<usize>,
+    /// Put these arenas into the free pool (if unowned) at start, comma separated.
+    #[arg(long, value_delimiter = ',')]
+    seed_arenas: Option<Vec<String>>,
+    /// Arm this hardware watchdog (e.g. /dev/watchdog).
+    #[arg(long, env = "FENCED_WATCHDOG")]
+    watchdog_device: Option<PathBuf>,
+    /// Write our pid here (for `fenced leave`).
+    #[arg(long, env = "FENCED_PID_FILE")]
+    pid_file: Option<PathBuf>,
+    /// Give up connecting to etcd after this many seconds of retries.
+    #[arg(long, default_value = "60")]
+    connect_timeout_secs: u64,
+    /// Log as JSON lines.
+    #[arg(long, env = "FENCED_LOG_JSON")]
+    log_json: bool,
+}
+
+/// The TOML config file: the same settings as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    etcd_endpoints: Option<Vec<String>>,
+    root: Option<String>,
+    node_id: Option<String>,
+    instance_id: Option<String>,
+    block_device: Option<PathBuf>,
+    fencer: Option<FencerKind>,
+    preempt: Option<PreemptArg>,
+    ttl_secs: Option<u64>,
+    self_fence_margin_secs: Option<u64>,
+    claim_ttl_secs: Option<u64>,
+    sweep_secs: Option<u64>,
+    arenas: Option<usize>,
+    watchdog_device: Option<PathBuf>,
+}
+
+fn load_config(path: Option<&Path>) -> Result<FileConfig, String> {
+    let Some(path) = path else {
+        return Ok(FileConfig::default());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read config {}: {e}", path.display()))?;
+    toml::from_str(&text).map_err(|e| format!("invalid config {}: {}", path.display(), e.message()))
+}
+
+fn endpoints(cli: Option<Vec<String>>, file: Option<Vec<String>>) -> Vec<String> {
+    cli.or(file)
+        .unwrap_or_else(|| vec!["http://127.0.0.1:2379".to_owned()])
+}
+
+async fn connect(
+    endpoints: &[String],
+    root: &str,
+    claim_ttl: Duration,
+    give_up: Duration,
+) -> Result<EtcdStore, String> {
+    let t0 = Instant::now();
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match EtcdStore::connect(endpoints, root, claim_ttl).await {
+            Ok(s) => return Ok(s),
+            Err(e) if t0.elapsed() + delay < give_up => {
+                let why = match &e {
+                    StoreError::Unavailable { .. } => "unreachable".to_owned(),
+                    other => other.to_string(),
+                };
+                eprintln!(
+                    "fenced: etcd {} at {}; retrying in {:.1}s",
+                    why,
+                    endpoints.join(","),
+                    delay.as_secs_f32()
+                );
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(8));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "etcd unreachable at {} after {:.0}s: {e}",
+                    endpoints.join(","),
+                    t0.elapsed().as_secs_f32()
+                ));
+            }
+        }
+    }
+}
+
+fn init_logging(json: bool) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG").unwrap_or_else(|_| "info".into());
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+fn open_device(path: &Path) -> Result<Device, String> {
+    let ns = nvme_resv::Namespace::open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    let caps = ns
+        .capabilities()
+        .map_err(|e| format!("cannot identify {}: {e}", path.display()))?;
+    if !caps.reservations {
+        return Err(format!(
+            "{} does not support NVMe reservations (ONCS bit 5: {}, RESCAP {:#04x}); use --fencer none for single-signal fencing",
+            path.display(),
+            caps.oncs_reservations,
+            caps.rescap
+        ));
+    }
+    Ok(Arc::new(ns))
+}
+
+async fn run(args: RunArgs) -> Result<ExitCode, String> {
+    let file = load_config(args.etcd.config.as_deref())?;
+    init_logging(args.log_json);
+    let node_id = args
+        .node_id
+        .or(file.node_id)
+        .ok_or("missing --node-id (or FENCED_NODE_ID, or node_id in the config)")?;
+    let node = NodeId::new(&node_id).map_err(|e| e.to_string())?;
+    let instance = args
+        .instance_id
+        .or(file.instance_id)
+        .unwrap_or_else(local_instance_id);
+    let root = args
+        .etcd
+        .root
+        .or(file.root)
+        .unwrap_or_else(|| "/fenced/".to_owned());
+    let fencer_kind = args.fencer.or(file.fencer).unwrap_or(FencerKind::Nvme);
+    let preempt = match args.preempt.or(file.preempt) {
+        Some(PreemptArg::Preempt) => PreemptMode::Preempt,
+        _ => PreemptMode::PreemptAndAbort,
+    };
+    let ttl = Duration::from_secs(args.ttl_secs.or(file.ttl_secs).unwrap_or(5).max(2));
+    let margin = args
+        .self_fence_margin_secs
+        .or(file.self_fence_margin_secs)
+        .map_or(2 * ttl, Duration::from_secs);
+    let claim_ttl = Duration::from_secs(args.claim_ttl_secs.or(file.claim_ttl_secs).unwrap_or(120));
+    let sweep = Duration::from_secs(args.sweep_secs.or(file.sweep_secs).unwrap_or(30));
+    let block_device = args.block_device.or(file.block_device);
+    let device = match (fencer_kind, &block_device) {
+        (FencerKind::Nvme, None) => {
+            return Err("--fencer nvme needs --block-device (or use --fencer none for single-signal fencing)".into());
+        }
+        (_, Some(p)) => Some(open_device(p)?),
+        (FencerKind::None, None) => None,
+    };
+    let own_key = nvme_resv::key_for_node(node.as_str());
+    let eps = endpoints(args.etcd.etcd_endpoints, file.etcd_endpoints);
+    let store = connect(
+        &eps,
+        &root,
+        claim_ttl,
+        Duration::from_secs(args.connect_timeout_secs),
+    )
+    .await?;
+    if let Some(arenas) = &args.seed_arenas {
+        store
+            .add_free_arenas(arenas)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let fencer: Arc<dyn Fencer> = match (fencer_kind, &device) {
+        (FencerKind::Nvme, Some(d)) => Arc::new(NvmeFencer::new(d.clone(), own_key, preempt)),
+        _ => Arc::new(NoneFencer),
+    };
+    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
+    cfg.ttl = ttl;
+    cfg.self_fence_margin = margin;
+    cfg.arenas = args.arenas.or(file.arenas).unwrap_or(0);
+    cfg.watchdog_device = args.watchdog_device.or(file.watchdog_device);
+    let agent = Agent::start(store.clone(), cfg, device, own_key)
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Some(p) = &args.pid_file {
+        std::fs::write(p, format!("{}\n", std::process::id()))
+            .map_err(|e| format!("cannot write pid file {}: {e}", p.display()))?;
+    }
+    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+    ccfg.sweep_interval = sweep;
+    let controller = Controller::new(store, fencer, ccfg).spawn();
+    tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
+    let leave = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+    };
+    let exit = agent.run(leave).await;
+    controller.abort();
+    if let Some(p) = &args.pid_file {
+        let _ = std::fs::remove_file(p);
+    }
+    Ok(match exit {
+        AgentExit::Left => ExitCode::SUCCESS,
+        AgentExit::LeaveIncomplete { reason } => {
+            eprintln!("fenced: leave incomplete: {reason}");
+            ExitCode::from(EXIT_LEAVE_INCOMPLETE)
+        }
+        AgentExit::SelfFenced { reason } => {
+            eprintln!("fenced: self-fenced: {reason}");
+            ExitCode::from(EXIT_SELF_FENCED)
+        }
+    })
+}
+
+async fn status(etcd: EtcdArgs, output: Output) -> Result<ExitCode, String> {
+    let file = load_config(etcd.config.as_deref())?;
+    let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
+    let root = etcd
+        .root
+        .or(file.root)
+        .unwrap_or_else(|| "/fenced/".to_owned());
+    let store = connect(
+        &eps,
+        &root,
+        Duration::from_secs(120),
+        Duration::from_secs(5),
+    )
+    .await?;
+    let s = store.status().await.map_err(|e| e.to_string())?;
+    match output {
+        Output::Json => println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default()),
+        Output::Text => {
+            println!("members:       {}", fmt_pairs(&s.members));
+            let gens: Vec<String> = s
+                .generations
+                .iter()
+                .map(|(n, g)| format!("{n}={g}"))
+                .collect();
+            println!("generations:   {}", gens.join(" "));
+            println!("owed fences:   {}", fmt_pairs(&s.owed));
+            let done: Vec<String> = s.done.iter().map(|(n, g)| format!("{n}={g}")).collect();
+            println!("fenced (done): {}", done.join(" "));
+            println!("claims:        {}", fmt_pairs(&s.claims));
+            println!("departed:      {}", s.departed.join(" "));
+            println!("arenas:        {}", fmt_pairs(&s.arenas));
+            println!("free arenas:   {}", s.free_arenas.join(" "));
+            println!("audit records: {}", s.audit_records);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn fmt_pairs(p: &[(String, String)]) -> String {
+    p.iter()
+        .map(|(a, b)| format!("{a}({b})"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn leave(pid_file: PathBuf, timeout: Duration) -> Result<ExitCode, String> {
+    let text = std::fs::read_to_string(&pid_file).map_err(|e| {
+        format!(
+            "cannot read pid file {}: {e} (is the daemon running?)",
+            pid_file.display()
+        )
+    })?;
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("pid file {} does not hold a pid", pid_file.display()))?;
+    let pid = nix::unistd::Pid::from_raw(pid);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
+        .map_err(|e| format!("cannot signal pid {pid}: {e}"))?;
+    let t0 = Instant::now();
+    while nix::sys::signal::kill(pid, None).is_ok() {
+        if t0.elapsed() > timeout {
+            return Err(format!("daemon {pid} still running after {timeout:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!("daemon {pid} left");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("fenced: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r = rt.block_on(async move {
+        match cli.cmd {
+            Cmd::Run(args) => run(*args).await,
+            Cmd::Status { etcd, output } => status(etcd, output).await,
+            Cmd::Leave {
+                pid_file,
+                timeout_secs,
+            } => leave(pid_file, Duration::from_secs(timeout_secs)).await,
+        }
+    });
+    match r {
+        Ok(code) => code,
+        Err(msg) => {
+            eprintln!("fenced: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
