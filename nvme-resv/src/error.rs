@@ -13,6 +13,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Operation {
+    /// Opening the device node.
+    Open,
     /// `NVME_IOCTL_ID` (learning the namespace ID).
     NamespaceId,
     /// Identify Controller (admin opcode 06h, CNS 01h).
@@ -36,6 +38,7 @@ pub enum Operation {
 impl fmt::Display for Operation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Self::Open => "open",
             Self::NamespaceId => "NVME_IOCTL_ID",
             Self::IdentifyController => "Identify Controller",
             Self::IdentifyNamespace => "Identify Namespace",
@@ -104,7 +107,7 @@ pub enum Error {
     },
     /// `NVME_IOCTL_ID` failed with ENOTTY: the path is not an NVMe namespace.
     #[error(
-        "{} is not an NVMe namespace (NVME_IOCTL_ID: not a typewriter); \
+        "{} is not an NVMe namespace (NVME_IOCTL_ID failed with ENOTTY); \
          expected /dev/nvmeXnY or /dev/ngXnY",
         path.display()
     )]

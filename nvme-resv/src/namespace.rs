@@ -110,7 +110,7 @@ impl Namespace {
                 if is_permission(&source) {
                     Error::PermissionDenied {
                         path: path.clone(),
-                        op: Operation::NamespaceId,
+                        op: Operation::Open,
                         source,
                     }
                 } else {

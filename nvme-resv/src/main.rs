@@ -1,0 +1,473 @@
+//! `nvme-resv`: NVMe persistent reservations from the command line, with the verbs
+//! and options of nvme-cli's `resv-*` commands.
+//!
+//! Exit status: 0 success, 1 error, 2 usage error, 3 reservation conflict.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use nvme_resv::{
+    Acquire, AcquireAction, Cptpl, Error, Key, Namespace, NvmeStatus, Register, RegisterAction,
+    Release, ReleaseAction, ReportFormat, ReservationStatus, ReservationType, Reservations,
+    key_for_node,
+};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "nvme-resv",
+    version,
+    about = "NVMe persistent reservations over Linux passthrough ioctls",
+    long_about = "NVMe persistent reservations over Linux passthrough ioctls.\n\n\
+        DEVICE is a namespace: a block device /dev/nvmeXnY or a generic character \
+        device /dev/ngXnY. Reservation commands need root (CAP_SYS_ADMIN) or a device \
+        node you can open for writing.\n\n\
+        Keys accept decimal or 0x-prefixed hexadecimal. Reservation types: 1 we \
+        (Write Exclusive), 2 ea (Exclusive Access), 3 we-ro, 4 ea-ro (Registrants \
+        Only), 5 we-ar, 6 ea-ar (All Registrants).\n\n\
+        Exit status: 0 success, 1 error, 2 usage error, 3 reservation conflict.",
+    after_help = "Examples:\n  \
+        nvme-resv register /dev/nvme0n1 --nrkey 0xaaaa\n  \
+        nvme-resv acquire /dev/nvme0n1 --crkey 0xaaaa --rtype we-ro\n  \
+        nvme-resv acquire /dev/nvme1n1 --crkey 0xbbbb --prkey 0xaaaa --rtype 3 --racqa preempt\n  \
+        nvme-resv report /dev/nvme0n1 -o json\n  \
+        nvme-resv key-for-node node-1"
+)]
+struct Cli {
+    #[command(subcommand)]
+    verb: Verb,
+}
+
+#[derive(Debug, Subcommand)]
+enum Verb {
+    /// Reservation Register: register, unregister or replace this host's key
+    /// (nvme resv-register).
+    Register(RegisterArgs),
+    /// Reservation Acquire: acquire, preempt or preempt-and-abort (nvme resv-acquire).
+    Acquire(AcquireArgs),
+    /// Reservation Release: release the reservation or clear every registration
+    /// (nvme resv-release).
+    Release(ReleaseArgs),
+    /// Reservation Report: generation, type held and every registrant
+    /// (nvme resv-report --eds).
+    Report(ReportArgs),
+    /// What the namespace supports: reservation types (RESCAP), IEKEY, PTPL, block size.
+    Capabilities(CapsArgs),
+    /// Print the reservation key of a node id (FNV-1a 64; never 0).
+    KeyForNode {
+        /// The node id.
+        node_id: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RegisterArgs {
+    /// Namespace device (/dev/nvmeXnY or /dev/ngXnY).
+    device: PathBuf,
+    /// Reservation Register Action: 0|register, 1|unregister, 2|replace.
+    #[arg(short = 'r', long, default_value = "register", value_parser = parse_rrega)]
+    rrega: RegisterAction,
+    /// Current reservation key (unregister, replace).
+    #[arg(short = 'c', long, default_value = "0", value_parser = parse_key)]
+    crkey: Key,
+    /// New reservation key (register, replace); must not be 0.
+    #[arg(short = 'k', long, default_value = "0", value_parser = parse_key)]
+    nrkey: Key,
+    /// Ignore Existing Key: do not check --crkey.
+    #[arg(short = 'i', long)]
+    iekey: bool,
+    /// Change Persist Through Power Loss State: 0 no change, 2 clear, 3 persist.
+    #[arg(short = 'p', long, default_value = "0", value_parser = parse_cptpl)]
+    cptpl: Cptpl,
+}
+
+#[derive(Debug, Args)]
+struct AcquireArgs {
+    /// Namespace device (/dev/nvmeXnY or /dev/ngXnY).
+    device: PathBuf,
+    /// Current reservation key: this host's registered key.
+    #[arg(short = 'c', long, value_parser = parse_key)]
+    crkey: Key,
+    /// Preempt reservation key: the key to preempt (preempt, preempt-abort).
+    #[arg(short = 'p', long, default_value = "0", value_parser = parse_key)]
+    prkey: Key,
+    /// Reservation type: 1-6 or we, ea, we-ro, ea-ro, we-ar, ea-ar.
+    #[arg(short = 't', long, value_parser = parse_rtype)]
+    rtype: ReservationType,
+    /// Reservation Acquire Action: 0|acquire, 1|preempt, 2|preempt-abort.
+    #[arg(short = 'a', long, default_value = "acquire", value_parser = parse_racqa)]
+    racqa: AcquireAction,
+    /// Ignore Existing Key (reserved since NVMe 1.3; devices refuse it).
+    #[arg(short = 'i', long)]
+    iekey: bool,
+}
+
+#[derive(Debug, Args)]
+struct ReleaseArgs {
+    /// Namespace device (/dev/nvmeXnY or /dev/ngXnY).
+    device: PathBuf,
+    /// Current reservation key: this host's registered key.
+    #[arg(short = 'c', long, value_parser = parse_key)]
+    crkey: Key,
+    /// Reservation type held (release must name it); ignored by clear.
+    #[arg(short = 't', long, default_value = "0", value_parser = parse_rtype)]
+    rtype: ReservationType,
+    /// Reservation Release Action: 0|release, 1|clear.
+    #[arg(short = 'a', long, default_value = "release", value_parser = parse_rrela)]
+    rrela: ReleaseAction,
+    /// Ignore Existing Key (reserved since NVMe 1.3; devices refuse it).
+    #[arg(short = 'i', long)]
+    iekey: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    /// Human readable.
+    Normal,
+    /// JSON; for `report`, the field names of `nvme resv-report --eds -o json`.
+    Json,
+}
+
+#[derive(Debug, Args)]
+struct ReportArgs {
+    /// Namespace device (/dev/nvmeXnY or /dev/ngXnY).
+    device: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long = "output-format", value_enum, default_value_t = Output::Normal)]
+    output: Output,
+    /// Request the regular data structure (64-bit host IDs) instead of the extended
+    /// one. Fabrics targets refuse it (Host Identifier Inconsistent Format).
+    #[arg(long, conflicts_with = "eds")]
+    regular: bool,
+    /// Request the extended data structure only, without falling back (the default
+    /// tries extended, then regular if the device refuses it as an invalid field).
+    #[arg(short = 'e', long)]
+    eds: bool,
+}
+
+#[derive(Debug, Args)]
+struct CapsArgs {
+    /// Namespace device (/dev/nvmeXnY or /dev/ngXnY).
+    device: PathBuf,
+    /// Output format.
+    #[arg(short = 'o', long = "output-format", value_enum, default_value_t = Output::Normal)]
+    output: Output,
+}
+
+fn parse_u64(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let r = match t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => t.parse(),
+    };
+    r.map_err(|e| format!("{s:?} is not a number (decimal or 0x-hex): {e}"))
+}
+
+fn parse_key(s: &str) -> Result<Key, String> {
+    parse_u64(s).map(Key)
+}
+
+fn small(s: &str, max: u8) -> Result<Option<u8>, String> {
+    match parse_u64(s) {
+        Ok(v) if v <= u64::from(max) => Ok(Some(v as u8)),
+        Ok(v) => Err(format!("{v} is out of range 0..={max}")),
+        Err(_) => Ok(None),
+    }
+}
+
+fn parse_rtype(s: &str) -> Result<ReservationType, String> {
+    if let Some(v) = small(s, 255)? {
+        return Ok(ReservationType(v));
+    }
+    let t = match s.to_ascii_lowercase().replace('_', "-").as_str() {
+        "we" | "write-exclusive" => ReservationType::WRITE_EXCLUSIVE,
+        "ea" | "exclusive-access" => ReservationType::EXCLUSIVE_ACCESS,
+        "we-ro" | "wero" => ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+        "ea-ro" | "earo" => ReservationType::EXCLUSIVE_ACCESS_REGISTRANTS_ONLY,
+        "we-ar" | "wear" => ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS,
+        "ea-ar" | "eaar" => ReservationType::EXCLUSIVE_ACCESS_ALL_REGISTRANTS,
+        _ => {
+            return Err(format!(
+                "unknown reservation type {s:?}: use 1-6 or we, ea, we-ro, ea-ro, we-ar, ea-ar"
+            ));
+        }
+    };
+    Ok(t)
+}
+
+fn parse_rrega(s: &str) -> Result<RegisterAction, String> {
+    let a = match small(s, 7)? {
+        Some(v) => RegisterAction::from_rrega(v),
+        None => match s {
+            "register" => Some(RegisterAction::Register),
+            "unregister" => Some(RegisterAction::Unregister),
+            "replace" => Some(RegisterAction::Replace),
+            _ => None,
+        },
+    };
+    a.ok_or_else(|| format!("{s:?}: use 0|register, 1|unregister, 2|replace"))
+}
+
+fn parse_racqa(s: &str) -> Result<AcquireAction, String> {
+    let a = match small(s, 7)? {
+        Some(v) => AcquireAction::from_racqa(v),
+        None => match s {
+            "acquire" => Some(AcquireAction::Acquire),
+            "preempt" => Some(AcquireAction::Preempt),
+            "preempt-abort" | "preempt-and-abort" => Some(AcquireAction::PreemptAndAbort),
+            _ => None,
+        },
+    };
+    a.ok_or_else(|| format!("{s:?}: use 0|acquire, 1|preempt, 2|preempt-abort"))
+}
+
+fn parse_rrela(s: &str) -> Result<ReleaseAction, String> {
+    let a = match small(s, 7)? {
+        Some(v) => ReleaseAction::from_rrela(v),
+        None => match s {
+            "release" => Some(ReleaseAction::Release),
+            "clear" => Some(ReleaseAction::Clear),
+            _ => None,
+        },
+    };
+    a.ok_or_else(|| format!("{s:?}: use 0|release, 1|clear"))
+}
+
+fn parse_cptpl(s: &str) -> Result<Cptpl, String> {
+    let v =
+        small(s, 3)?.ok_or_else(|| format!("{s:?}: use 0 (no change), 2 (clear), 3 (persist)"))?;
+    Cptpl::from_cptpl(v)
+        .ok_or_else(|| format!("{v} is reserved: use 0 (no change), 2 (clear), 3 (persist)"))
+}
+
+fn print_report(dev: &std::path::Path, ns: &Namespace, st: &ReservationStatus) {
+    let held = if st.rtype == ReservationType::NONE {
+        "no reservation held".to_string()
+    } else {
+        format!("reservation held: {}", st.rtype)
+    };
+    println!(
+        "{} (nsid {}): generation {}, {held}, {} registrant(s), PTPL {}, {} data structure",
+        dev.display(),
+        ns.nsid(),
+        st.generation,
+        st.regctl,
+        if st.ptpls { "on" } else { "off" },
+        if st.extended { "extended" } else { "regular" },
+    );
+    if st.registrants.is_empty() {
+        return;
+    }
+    println!("  {:<8} {:<7} {:<34} rkey", "cntlid", "holder", "hostid");
+    for r in &st.registrants {
+        println!(
+            "  {:<8} {:<7} {:<34} {}",
+            format!("{:#06x}", r.cntlid),
+            if r.holds_reservation() { "yes" } else { "no" },
+            r.hostid.to_string(),
+            r.rkey,
+        );
+    }
+}
+
+fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
+    let with = |dev: &PathBuf| {
+        let dev = dev.clone();
+        move |e: Error| (e, Some(dev))
+    };
+    match cli.verb {
+        Verb::KeyForNode { node_id } => {
+            println!("{}", key_for_node(&node_id));
+        }
+        Verb::Register(a) => {
+            let cmd = Register {
+                rrega: a.rrega,
+                crkey: a.crkey,
+                nrkey: a.nrkey,
+                iekey: a.iekey,
+                cptpl: a.cptpl,
+            };
+            // Refuse a zero key before touching the device.
+            cmd.validate().map_err(with(&a.device))?;
+            let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
+            ns.register(&cmd).map_err(with(&a.device))?;
+            println!(
+                "{}: {:?} done (nsid {})",
+                a.device.display(),
+                a.rrega,
+                ns.nsid()
+            );
+        }
+        Verb::Acquire(a) => {
+            let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
+            let cmd = Acquire {
+                racqa: a.racqa,
+                rtype: a.rtype,
+                crkey: a.crkey,
+                prkey: a.prkey,
+                iekey: a.iekey,
+            };
+            ns.acquire(&cmd).map_err(with(&a.device))?;
+            println!(
+                "{}: {:?} {} done (nsid {})",
+                a.device.display(),
+                a.racqa,
+                a.rtype,
+                ns.nsid()
+            );
+        }
+        Verb::Release(a) => {
+            let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
+            let cmd = Release {
+                rrela: a.rrela,
+                rtype: a.rtype,
+                crkey: a.crkey,
+                iekey: a.iekey,
+            };
+            ns.release(&cmd).map_err(with(&a.device))?;
+            println!(
+                "{}: {:?} done (nsid {})",
+                a.device.display(),
+                a.rrela,
+                ns.nsid()
+            );
+        }
+        Verb::Report(a) => {
+            let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
+            let st = if a.regular {
+                ns.report_with(ReportFormat::Regular)
+            } else if a.eds {
+                ns.report_with(ReportFormat::Extended)
+            } else {
+                ns.report()
+            }
+            .map_err(with(&a.device))?;
+            match a.output {
+                Output::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&st.to_nvme_cli_json())
+                        .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+                ),
+                Output::Normal => print_report(&a.device, &ns, &st),
+            }
+        }
+        Verb::Capabilities(a) => {
+            let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
+            let c = ns.capabilities().map_err(with(&a.device))?;
+            match a.output {
+                Output::Json => {
+                    let v = serde_json::json!({
+                        "nsid": ns.nsid(),
+                        "reservations": c.reservations,
+                        "oncs_reservations": c.oncs_reservations,
+                        "rescap": c.rescap,
+                        "rtypes": c.types().iter().map(|t| t.0).collect::<Vec<_>>(),
+                        "iekey": c.iekey,
+                        "ptpl": c.ptpl,
+                        "lba_size": c.lba_size,
+                        "nsze": c.nsze,
+                    });
+                    println!("{v:#}");
+                }
+                Output::Normal => {
+                    println!("{} (nsid {}):", a.device.display(), ns.nsid());
+                    println!(
+                        "  reservations: {} (ONCS bit 5 {}, RESCAP {:#04x})",
+                        if c.reservations {
+                            "supported"
+                        } else {
+                            "NOT supported"
+                        },
+                        if c.oncs_reservations { "set" } else { "clear" },
+                        c.rescap
+                    );
+                    for t in ReservationType::ALL {
+                        println!("    {t}: {}", if c.supports(t) { "yes" } else { "no" });
+                    }
+                    println!(
+                        "  IEKEY (1.3 semantics): {}",
+                        if c.iekey { "yes" } else { "no" }
+                    );
+                    println!(
+                        "  persist through power loss: {}",
+                        if c.ptpl { "yes" } else { "no" }
+                    );
+                    println!(
+                        "  logical block size: {} bytes, {} blocks",
+                        c.lba_size, c.nsze
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What to do about an error, when there is something useful to say.
+fn hint(e: &Error, dev: Option<&PathBuf>) -> Option<String> {
+    if e.is_reservation_conflict() {
+        return Some(
+            "the device refused with Reservation Conflict: this host is not registered with \
+             that key, another host holds the reservation, or this host was preempted; \
+             run `nvme-resv report DEVICE` to see the registrants"
+                .into(),
+        );
+    }
+    match e {
+        Error::PermissionDenied { .. } => Some(
+            "run as root (CAP_SYS_ADMIN), or give write access to the device node".into(),
+        ),
+        Error::NotNvme { .. } => Some(
+            "name an NVMe namespace: /dev/nvmeXnY (block) or /dev/ngXnY (generic char); \
+             `ls /dev/nvme*n* /dev/ng*` lists them"
+                .into(),
+        ),
+        Error::Open { source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
+            Some("the device node does not exist; `ls /dev/nvme*n* /dev/ng*` lists namespaces".into())
+        }
+        Error::ZeroKey { .. } => Some("choose a non-zero key with --nrkey".into()),
+        Error::Device { status, .. } if status.same_code(NvmeStatus::HOST_ID_INCONSISTENT_FORMAT) => {
+            Some("the controller uses 128-bit host IDs: request the extended report (drop --regular)".into())
+        }
+        Error::Device { status, .. }
+            if status.same_code(NvmeStatus::INVALID_OPCODE) || status.same_code(NvmeStatus::INVALID_FIELD) =>
+        {
+            let dev = dev?;
+            let caps = Namespace::open(dev).and_then(|ns| ns.capabilities()).ok()?;
+            if caps.reservations {
+                Some("check the options: IEKEY is refused by Acquire/Release, and the type must be 1-6".into())
+            } else {
+                Some(format!(
+                    "this namespace does not support reservations (ONCS bit 5 {}, RESCAP {:#04x}); \
+                     on a Linux nvmet target, set resv_enable before enabling the namespace",
+                    if caps.oncs_reservations { "set" } else { "clear" },
+                    caps.rescap
+                ))
+            }
+        }
+        _ => None,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((e, dev)) => {
+            eprintln!("nvme-resv: error: {e}");
+            let mut src = std::error::Error::source(&e);
+            while let Some(s) = src {
+                eprintln!("  caused by: {s}");
+                src = s.source();
+            }
+            if let Some(h) = hint(&e, dev.as_ref()) {
+                eprintln!("  hint: {h}");
+            }
+            if e.is_reservation_conflict() {
+                ExitCode::from(3)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+    }
+}
