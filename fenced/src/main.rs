@@ -397,7 +397,16 @@ async fn leave(pid_file: PathBuf, timeout: Duration) -> Result<ExitCode, String>
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
         .map_err(|e| format!("cannot signal pid {pid}: {e}"))?;
     let t0 = Instant::now();
-    while nix::sys::signal::kill(pid, None).is_ok() {
+    // A zombie (exited, not yet reaped by its parent) still answers signal 0.
+    let alive = |pid: nix::unistd::Pid| {
+        nix::sys::signal::kill(pid, None).is_ok()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with('Z'))
+            })
+    };
+    while alive(pid) {
         if t0.elapsed() > timeout {
             return Err(format!("daemon {pid} still running after {timeout:?}"));
         }

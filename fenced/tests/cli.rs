@@ -1,0 +1,206 @@
+//! The `fenced` binary as child processes against a real etcd: clear one-line errors,
+//! SIGKILL death fenced by the survivors, `fenced leave` not fenced.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::etcd::Etcd;
+
+fn fenced() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fenced"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn invalid_node_id_is_one_clear_line() {
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", "a/b"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("fenced: invalid node id \"a/b\""), "{e}");
+}
+
+#[test]
+fn unreachable_etcd_is_retried_with_backoff_then_reported() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port(); // closed again when the listener drops
+    let t0 = Instant::now();
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", "n1"])
+        .args(["--etcd-endpoints", &format!("http://127.0.0.1:{port}")])
+        .args(["--connect-timeout-secs", "3"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(e.contains("retrying in"), "{e}");
+    let last = e.lines().last().unwrap();
+    assert!(
+        last.starts_with("fenced: etcd unreachable at http://127.0.0.1:"),
+        "{e}"
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(1));
+}
+
+#[test]
+fn nvme_fencer_on_a_device_without_reservations_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::write(&file, vec![0u8; 4096]).unwrap();
+    let o = fenced()
+        .args([
+            "run",
+            "--fencer",
+            "nvme",
+            "--node-id",
+            "n1",
+            "--block-device",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with("fenced: cannot open"), "{e}");
+    let o = fenced()
+        .args(["run", "--fencer", "nvme", "--node-id", "n1"])
+        .output()
+        .unwrap();
+    assert!(stderr(&o).contains("--fencer nvme needs --block-device"));
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
+    let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
+    Daemon(
+        fenced()
+            .args([
+                "run",
+                "--fencer",
+                "none",
+                "--node-id",
+                node,
+                "--root",
+                "/cli",
+            ])
+            .args(["--etcd-endpoints", &etcd.endpoint()])
+            .args([
+                "--ttl-secs",
+                "2",
+                "--sweep-secs",
+                "1",
+                "--instance-id",
+                &format!("i-{node}"),
+            ])
+            .arg("--pid-file")
+            .arg(dir.join(format!("{node}.pid")))
+            .env("FENCED_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn status(etcd: &Etcd) -> serde_json::Value {
+    let o = fenced()
+        .args(["status", "-o", "json", "--root", "/cli"])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn generation(s: &serde_json::Value, node: &str) -> Option<u64> {
+    s["generations"]
+        .as_array()?
+        .iter()
+        .find(|p| p[0] == node)
+        .and_then(|p| p[1].as_u64())
+}
+
+fn wait(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn daemons_fence_a_killed_peer_and_not_one_that_left() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let _d1 = daemon(&etcd, "n1", dir.path());
+    let mut d2 = daemon(&etcd, "n2", dir.path());
+    let d3 = daemon(&etcd, "n3", dir.path());
+    wait("three members", || {
+        status(&etcd)["members"].as_array().map_or(0, Vec::len) == 3
+    });
+    // SIGKILL n2: single-signal fencing bumps its generation on expiry.
+    d2.0.kill().unwrap();
+    d2.0.wait().unwrap();
+    wait("n2 fenced", || generation(&status(&etcd), "n2") == Some(1));
+    let s = status(&etcd);
+    assert_eq!(s["owed"], serde_json::json!([]));
+    assert_eq!(s["audit_records"], 1);
+    // `fenced leave` for n3: SIGTERM, quiesce, depart; exit 0; never fenced.
+    let o = fenced()
+        .args(["leave", "--pid-file"])
+        .arg(dir.path().join("n3.pid"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut d3 = d3;
+    assert!(d3.0.wait().unwrap().success());
+    std::thread::sleep(Duration::from_secs(4)); // TTL + several sweeps
+    let s = status(&etcd);
+    assert_eq!(generation(&s, "n3"), Some(0), "{s}");
+    assert!(s["departed"].as_array().unwrap().contains(&"n3".into()));
+    assert_eq!(s["audit_records"], 1);
+    let log = std::fs::read_to_string(dir.path().join("n1.log")).unwrap();
+    assert!(
+        log.contains("SINGLE-SIGNAL FENCING"),
+        "loud warning at start"
+    );
+    let text = fenced()
+        .args([
+            "status",
+            "--root",
+            "/cli",
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("generations:") && text.contains("n2=1"),
+        "{text}"
+    );
+}
