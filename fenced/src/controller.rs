@@ -321,7 +321,14 @@ impl Controller {
             self.fencer.name(),
             Instant::now(),
         );
-        let mut claimed = self.claim_with_retry(&victim, guard).await;
+        let mut claimed = async {
+            fail::fail_point!("fence::claim", |_| Err(StoreError::Malformed {
+                key: "fail point".into(),
+                what: "fence::claim".into()
+            }));
+            self.claim_with_retry(&victim, guard).await
+        }
+        .await;
         critical += self.store.round_trips() - rt0;
         if let Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })) = &claimed {
             if honour_departure(*arenas) {
@@ -428,17 +435,22 @@ impl Controller {
                     audit = %json,
                     "fence NOT confirmed: generation not bumped, fence stays owed (sweep retries)"
                 );
-                if let Err(e) = self
-                    .store
-                    .abort(
-                        &victim.node,
-                        claim_rev,
-                        audit.generation_before,
-                        audit.unix_ms,
-                        json,
-                    )
-                    .await
-                {
+                let abort = async {
+                    fail::fail_point!("fence::release_claim", |_| Err(StoreError::Malformed {
+                        key: "fail point".into(),
+                        what: "fence::release_claim".into()
+                    }));
+                    self.store
+                        .abort(
+                            &victim.node,
+                            claim_rev,
+                            audit.generation_before,
+                            audit.unix_ms,
+                            json,
+                        )
+                        .await
+                };
+                if let Err(e) = abort.await {
                     tracing::warn!(node = %victim.node, error = %e, "releasing the claim failed; it expires with its lease");
                 }
             }

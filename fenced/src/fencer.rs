@@ -147,6 +147,10 @@ impl NvmeFencer {
             iekey: false,
         };
         let preempt = self.device.acquire(&cmd);
+        fail::fail_point!("fence::verify", |_| Err(FenceError::new(
+            FenceStep::Verify,
+            "fail point fence::verify"
+        )));
         // Verify from the device whatever the preempt said: a preempt that reports
         // success while the registration survives is a failed fence, and a preempt of
         // a key that is already absent (a retry) is a conflict but a confirmed fence.
