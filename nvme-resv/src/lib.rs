@@ -9,6 +9,37 @@
 //! the NVMe status decoding, [`model`] an in-memory model of the specification's
 //! reservation rules. [`Namespace`] is the real device; [`Reservations`] is the trait
 //! both the device and the model implement.
+//!
+//! # Example
+//!
+//! Fencing a host: B preempts A's registration and reservation, after which A's writes
+//! are refused. Shown on the model; the same calls work on a [`Namespace`] opened
+//! with `Namespace::open("/dev/nvme0n1")`.
+//!
+//! ```
+//! use nvme_resv::{model, Access, Acquire, HostId, Register, ReservationType, Reservations};
+//!
+//! # fn main() -> nvme_resv::Result<()> {
+//! let ns = model::Namespace::new();
+//! let (a, b) = (ns.host(HostId([0xa; 16])), ns.host(HostId([0xb; 16])));
+//! let (ka, kb) = (nvme_resv::key_for_node("node-a"), nvme_resv::key_for_node("node-b"));
+//! let rtype = ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
+//!
+//! a.register(&Register::register(ka))?;
+//! a.acquire(&Acquire::acquire(ka, rtype))?;
+//! b.register(&Register::register(kb))?;
+//!
+//! // B fences A: A's key is removed and the reservation moves to B.
+//! b.acquire(&Acquire::preempt(kb, ka, rtype))?;
+//! let err = a.check(Access::Write).unwrap_err();
+//! assert!(err.is_reservation_conflict());
+//!
+//! let status = b.report()?;
+//! assert!(!status.is_registered(ka));
+//! assert_eq!(status.holder().map(|h| h.rkey), Some(kb));
+//! # Ok(())
+//! # }
+//! ```
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 

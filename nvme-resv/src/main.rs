@@ -471,3 +471,102 @@ fn main() -> ExitCode {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_valid() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn keys_parse_as_decimal_or_hex() {
+        assert_eq!(parse_key("0xaaaa"), Ok(Key(0xaaaa)));
+        assert_eq!(parse_key("0XAAAA"), Ok(Key(0xaaaa)));
+        assert_eq!(parse_key("43690"), Ok(Key(0xaaaa)));
+        assert_eq!(parse_key("18446744073709551615"), Ok(Key(u64::MAX)));
+        assert!(parse_key("0x1_0000_0000_0000_0000").is_err());
+        assert!(parse_key("-1").is_err());
+        assert!(parse_key("").is_err());
+    }
+
+    #[test]
+    fn types_and_actions_parse_by_number_and_name() {
+        assert_eq!(
+            parse_rtype("3"),
+            Ok(ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY)
+        );
+        assert_eq!(
+            parse_rtype("ea-ar"),
+            Ok(ReservationType::EXCLUSIVE_ACCESS_ALL_REGISTRANTS)
+        );
+        assert_eq!(
+            parse_rtype("WE_RO"),
+            Ok(ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY)
+        );
+        // Out-of-spec numbers pass through so the device can judge them.
+        assert_eq!(parse_rtype("7"), Ok(ReservationType(7)));
+        assert!(parse_rtype("256").is_err() && parse_rtype("exclusive").is_err());
+        assert_eq!(parse_racqa("preempt"), Ok(AcquireAction::Preempt));
+        assert_eq!(parse_racqa("2"), Ok(AcquireAction::PreemptAndAbort));
+        assert!(parse_racqa("3").is_err());
+        assert_eq!(parse_rrega("replace"), Ok(RegisterAction::Replace));
+        assert_eq!(parse_rrela("1"), Ok(ReleaseAction::Clear));
+        assert_eq!(parse_cptpl("3"), Ok(Cptpl::Persist));
+        assert!(parse_cptpl("1").is_err());
+    }
+
+    #[test]
+    fn options_build_the_commands() {
+        let cli = Cli::try_parse_from([
+            "nvme-resv",
+            "acquire",
+            "/dev/nvme0n1",
+            "-c",
+            "0xb",
+            "-p",
+            "0xa",
+            "-t",
+            "we-ro",
+            "-a",
+            "preempt-abort",
+        ])
+        .unwrap();
+        let Verb::Acquire(a) = cli.verb else {
+            panic!("not acquire")
+        };
+        assert_eq!(
+            (a.crkey, a.prkey, a.rtype, a.racqa, a.iekey),
+            (
+                Key(0xb),
+                Key(0xa),
+                ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                AcquireAction::PreemptAndAbort,
+                false
+            )
+        );
+        let cli = Cli::try_parse_from([
+            "nvme-resv",
+            "register",
+            "/dev/ng0n1",
+            "--rrega",
+            "unregister",
+            "--crkey",
+            "5",
+            "--iekey",
+        ])
+        .unwrap();
+        let Verb::Register(r) = cli.verb else {
+            panic!("not register")
+        };
+        assert_eq!(
+            (r.rrega, r.crkey, r.iekey),
+            (RegisterAction::Unregister, Key(5), true)
+        );
+        // --crkey and --rtype are required for acquire.
+        assert!(Cli::try_parse_from(["nvme-resv", "acquire", "/dev/nvme0n1", "-t", "1"]).is_err());
+    }
+}

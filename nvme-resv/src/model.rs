@@ -16,8 +16,11 @@
 //!   unregisters the reservation passes to the first remaining registrant; for the
 //!   other types the reservation is released when its holder unregisters.
 //! - Register when already registered succeeds only with the same key (CRKEY and
-//!   IEKEY are not looked at). Unregister and Replace need the host to be registered
-//!   and CRKEY to match unless IEKEY is set.
+//!   IEKEY are not looked at). Unregister and Replace need CRKEY to match unless IEKEY
+//!   is set; Unregister from a host that is not registered is a conflict, and so is
+//!   Replace without IEKEY, but Replace with IEKEY from an unregistered host registers
+//!   NRKEY (what Linux 7.3's nvmet does, checked by hwtests; the pr.c of 6.13 answered
+//!   a conflict).
 //! - Acquire, Preempt and Release need the host registered with CRKEY; IEKEY set or
 //!   an RTYPE outside 1..=6 is Invalid Field for Acquire, IEKEY is Invalid Field for
 //!   Release. Acquire while another host holds is a conflict, re-acquiring the same
@@ -136,6 +139,12 @@ impl State {
                 Some(i) if c.iekey || self.registrants[i].rkey == c.crkey => {
                     self.registrants[i].rkey = c.nrkey
                 }
+                // Observed on Linux 7.3's nvmet: with IEKEY, an unregistered host's
+                // Replace registers NRKEY.
+                None if c.iekey => self.registrants.push(Registrant {
+                    hostid: me,
+                    rkey: c.nrkey,
+                }),
                 _ => return Err(conflict()),
             },
         }
@@ -546,19 +555,25 @@ mod tests {
         a.register(&Register::replace(KA, KC)).unwrap();
         a.register(&Register::replace(Key(0x999), KA).with_iekey(true))
             .unwrap();
-        // Replace/unregister by a host that is not registered: conflict even with IEKEY.
-        assert!(is_conflict(
-            b.register(&Register::replace(KB, KC).with_iekey(true))
-        ));
+        // Unregister by a host that is not registered: conflict even with IEKEY.
         assert!(is_conflict(
             b.register(&Register::unregister(KB).with_iekey(true))
         ));
+        // Replace by a host that is not registered: conflict without IEKEY; with IEKEY
+        // it registers NRKEY (nvmet on Linux 7.3).
+        assert!(is_conflict(b.register(&Register::replace(KB, KC))));
+        let g = ns.snapshot().generation;
+        b.register(&Register::replace(KB, KC).with_iekey(true))
+            .unwrap();
+        assert!(ns.snapshot().is_registered(KC));
+        assert_eq!(ns.snapshot().generation, g + 1);
+        b.register(&Register::unregister(KC)).unwrap();
         assert!(is_conflict(a.register(&Register::unregister(KB))));
         a.register(&Register::unregister(Key(0)).with_iekey(true))
             .unwrap();
         let st = ns.snapshot();
         assert!(st.registrants.is_empty());
-        assert_eq!(st.generation, 5, "register x2, replace x2, unregister");
+        assert_eq!(st.generation, 7, "register x2, replace x3, unregister x2");
     }
 
     #[test]
