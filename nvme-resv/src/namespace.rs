@@ -247,10 +247,8 @@ impl Namespace {
     /// registrant fits.
     pub fn report_with(&self, format: ReportFormat) -> Result<ReservationStatus> {
         let extended = format == ReportFormat::Extended;
-        let mut len = INITIAL_REPORT_LEN;
-        let mut last = None;
-        for _ in 0..REPORT_ATTEMPTS {
-            let mut buf = vec![0u8; len];
+        read_report(extended, self.nsid, |buf| {
+            let len = buf.len();
             self.submit(
                 Operation::Report,
                 Queue::Io,
@@ -260,33 +258,50 @@ impl Namespace {
                     cdw10: cmd::report_cdw10(len),
                     cdw11: cmd::report_cdw11(extended),
                 },
-                Data::FromDevice(&mut buf),
-            )?;
-            match report::parse(&buf, extended) {
-                Ok(st) => return Ok(st),
-                Err(e @ ReportError::Truncated { needed, .. }) => {
-                    // Room for a few registrants joining between the two reads.
-                    len = (needed + 4 * EXTENDED_ENTRY_LEN).next_multiple_of(4);
-                    last = Some(e);
-                }
-                Err(source) => {
-                    return Err(Error::InvalidReport {
-                        op: Operation::Report,
-                        nsid: self.nsid,
-                        source,
-                    });
-                }
-            }
-        }
-        Err(Error::InvalidReport {
-            op: Operation::Report,
-            nsid: self.nsid,
-            source: last.unwrap_or(ReportError::TruncatedHeader {
-                len: 0,
-                header: EXTENDED_HEADER_LEN,
-            }),
+                Data::FromDevice(buf),
+            )
+            .map(drop)
         })
     }
+}
+
+/// Reads a report through `fetch` (which fills the buffer it is given, as the device
+/// does: REGCTL counts every registrant, entries stop where the buffer ends), growing
+/// the buffer until every registrant fits.
+fn read_report(
+    extended: bool,
+    nsid: u32,
+    mut fetch: impl FnMut(&mut [u8]) -> Result<()>,
+) -> Result<ReservationStatus> {
+    let mut len = INITIAL_REPORT_LEN;
+    let mut last = None;
+    for _ in 0..REPORT_ATTEMPTS {
+        let mut buf = vec![0u8; len];
+        fetch(&mut buf)?;
+        match report::parse(&buf, extended) {
+            Ok(st) => return Ok(st),
+            Err(e @ ReportError::Truncated { needed, .. }) => {
+                // Room for a few registrants joining between the two reads.
+                len = (needed + 4 * EXTENDED_ENTRY_LEN).next_multiple_of(4);
+                last = Some(e);
+            }
+            Err(source) => {
+                return Err(Error::InvalidReport {
+                    op: Operation::Report,
+                    nsid,
+                    source,
+                });
+            }
+        }
+    }
+    Err(Error::InvalidReport {
+        op: Operation::Report,
+        nsid,
+        source: last.unwrap_or(ReportError::TruncatedHeader {
+            len: 0,
+            header: EXTENDED_HEADER_LEN,
+        }),
+    })
 }
 
 impl Reservations for Namespace {
@@ -333,6 +348,99 @@ impl Reservations for Namespace {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::encode;
+    use crate::{HostId, Key, RegisteredController};
+
+    fn status_with(n: u16) -> ReservationStatus {
+        ReservationStatus {
+            generation: 1,
+            rtype: ReservationType::WRITE_EXCLUSIVE,
+            regctl: n,
+            ptpls: false,
+            registrants: (0..n)
+                .map(|i| RegisteredController {
+                    cntlid: 0xffff,
+                    rcsts: u8::from(i == 0),
+                    hostid: HostId([i as u8; 16]),
+                    rkey: Key(u64::from(i) + 1),
+                })
+                .collect(),
+            extended: true,
+        }
+    }
+
+    /// Like nvmet: the full encoding truncated to the buffer, REGCTL the full count.
+    fn device(st: &ReservationStatus, buf: &mut [u8]) {
+        let full = encode(st);
+        let n = full.len().min(buf.len());
+        buf[..n].copy_from_slice(&full[..n]);
+    }
+
+    #[test]
+    fn report_buffer_grows_until_every_registrant_fits() {
+        // 200 registrants need 64 + 200 * 64 bytes, more than the first 4 KiB read.
+        let st = status_with(200);
+        let mut sizes = Vec::new();
+        let got = read_report(true, 1, |buf| {
+            sizes.push(buf.len());
+            device(&st, buf);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(got, st);
+        assert_eq!(sizes.len(), 2, "{sizes:?}");
+        assert_eq!(sizes[0], INITIAL_REPORT_LEN);
+        assert!(sizes[1] >= 64 + 200 * 64 && sizes[1] % 4 == 0, "{sizes:?}");
+        // Few registrants: one read.
+        let mut calls = 0;
+        read_report(true, 1, |buf| {
+            calls += 1;
+            device(&status_with(3), buf);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(calls, 1);
+    }
+
+    #[test]
+    fn report_that_never_fits_is_an_error_not_a_loop() {
+        let mut n = 100u16;
+        let err = read_report(true, 7, |buf| {
+            // Registrants keep joining faster than the buffer grows.
+            n += 100;
+            device(&status_with(n), buf);
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::InvalidReport {
+                    nsid: 7,
+                    source: ReportError::Truncated { .. },
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn report_device_error_is_passed_through() {
+        let err = read_report(false, 1, |_| {
+            Err(Error::Device {
+                op: Operation::Report,
+                nsid: 1,
+                status: NvmeStatus::HOST_ID_INCONSISTENT_FORMAT.with_dnr(),
+            })
+        })
+        .unwrap_err();
+        assert!(
+            err.status()
+                .unwrap()
+                .same_code(NvmeStatus::HOST_ID_INCONSISTENT_FORMAT)
+        );
+    }
 
     #[test]
     fn capabilities_from_identify_fields() {
