@@ -44,6 +44,7 @@ pub struct Options {
     pub(crate) engine: EngineKind,
     pub(crate) dsync: bool,
     pub(crate) register_file: bool,
+    pub(crate) single_issuer: bool,
 }
 
 impl Default for Options {
@@ -53,6 +54,7 @@ impl Default for Options {
             engine: EngineKind::Auto,
             dsync: false,
             register_file: true,
+            single_issuer: false,
         }
     }
 }
@@ -91,6 +93,16 @@ impl Options {
     /// request. Default on; ignored by the synchronous engine.
     pub fn register_file(mut self, register: bool) -> Self {
         self.register_file = register;
+        self
+    }
+
+    /// Promises that only the thread that opens the writer will use it, so the ring
+    /// is set up with `IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN`
+    /// (Linux 6.1): completion work runs when this thread reaps, not as interrupts.
+    /// Requests from another thread then fail (`EEXIST`). Default off; the benchmark
+    /// driver turns it on, as fio does.
+    pub fn single_issuer(mut self, single: bool) -> Self {
+        self.single_issuer = single;
         self
     }
 }

@@ -253,6 +253,7 @@ impl DirectWriter {
             queue_depth,
             register_file: options.register_file,
             dsync: options.dsync,
+            single_issuer: options.single_issuer,
             align: geometry.offset_align,
         };
         let sync = |f: File| Engine::Sync(SyncEngine::new(f, options.dsync, geometry.offset_align));
