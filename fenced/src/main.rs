@@ -77,6 +77,25 @@ enum Cmd {
         #[arg(short = 'o', long, value_enum, default_value = "text")]
         output: Output,
     },
+    /// From this host: try one O_DIRECT write (blockio) on the shared device and,
+    /// optionally, one metadata transaction guarded by a node's generation. Prints one
+    /// line per probe; exit status 10 when anything was refused.
+    Probe {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// Device to write one block to.
+        #[arg(long)]
+        block_device: Option<PathBuf>,
+        /// Byte offset of the write (default 1 MiB).
+        #[arg(long, default_value = "1048576")]
+        offset: u64,
+        /// Node whose generation guards the metadata transaction.
+        #[arg(long, requires = "generation")]
+        node_id: Option<String>,
+        /// The generation the writer believes it has.
+        #[arg(long)]
+        generation: Option<u64>,
+    },
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
     Leave {
         /// The daemon's pid file.
@@ -416,6 +435,74 @@ async fn leave(pid_file: PathBuf, timeout: Duration) -> Result<ExitCode, String>
     Ok(ExitCode::SUCCESS)
 }
 
+async fn probe(
+    etcd: EtcdArgs,
+    block_device: Option<PathBuf>,
+    offset: u64,
+    node_id: Option<String>,
+    generation: Option<u64>,
+) -> Result<ExitCode, String> {
+    let mut refused = false;
+    if let Some(dev) = block_device {
+        let r = tokio::task::spawn_blocking(move || -> Result<(), blockio::Error> {
+            let mut w = blockio::DirectWriter::open(&dev, blockio::Options::default())?;
+            let align = w.alignment().max(512);
+            let buf = blockio::AlignedBuf::from_slice(&vec![0x5a; align.max(4096)], align)?;
+            w.write_at(&buf, offset)?;
+            w.flush()
+        })
+        .await
+        .map_err(|e| format!("probe task failed: {e}"))?;
+        match r {
+            Ok(()) => println!("probe: O_DIRECT write at offset {offset}: ok"),
+            Err(e) if e.is_reservation_conflict() => {
+                refused = true;
+                println!(
+                    "probe: O_DIRECT write at offset {offset}: REFUSED: {e} (this host is fenced)"
+                );
+            }
+            Err(e) => return Err(format!("write failed: {e}")),
+        }
+    }
+    if let (Some(node), Some(g)) = (node_id, generation) {
+        let node = NodeId::new(&node).map_err(|e| e.to_string())?;
+        let file = load_config(etcd.config.as_deref())?;
+        let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
+        let root = etcd
+            .root
+            .or(file.root)
+            .unwrap_or_else(|| "/fenced/".to_owned());
+        let store = connect(
+            &eps,
+            &root,
+            Duration::from_secs(120),
+            Duration::from_secs(5),
+        )
+        .await?;
+        let guard = fenced::guard::GenerationGuard::new(store.keys(), &node, g);
+        let key = format!("{}probe/{node}", store.keys().root());
+        let resp = store
+            .client()
+            .txn(guard.txn(vec![etcd_client::TxnOp::put(key, "late write", None)]))
+            .await
+            .map_err(|e| format!("guarded transaction failed: {e}"))?;
+        if fenced::guard::GenerationGuard::refused(&resp) {
+            refused = true;
+            let now = store.generation(&node).await.map_err(|e| e.to_string())?.0;
+            println!(
+                "probe: metadata txn guarded by {node}@{g}: REFUSED (generation is now {now})"
+            );
+        } else {
+            println!("probe: metadata txn guarded by {node}@{g}: committed");
+        }
+    }
+    Ok(if refused {
+        ExitCode::from(10)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -432,6 +519,13 @@ fn main() -> ExitCode {
         match cli.cmd {
             Cmd::Run(args) => run(*args).await,
             Cmd::Status { etcd, output } => status(etcd, output).await,
+            Cmd::Probe {
+                etcd,
+                block_device,
+                offset,
+                node_id,
+                generation,
+            } => probe(etcd, block_device, offset, node_id, generation).await,
             Cmd::Leave {
                 pid_file,
                 timeout_secs,
