@@ -439,3 +439,40 @@ fn two_hosts_preempt_matches_the_model() {
     unregister_self(&a);
     unregister_self(&b);
 }
+
+#[test]
+#[ignore = "needs a reservation-capable NVMe namespace: set NVME_RESV_TEST_DEV"]
+fn generic_char_device_sees_the_same_state() {
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = open_main();
+    // /dev/nvmeXnY -> /dev/ngXnY (same controller, same namespace).
+    let name = ns
+        .path()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let Some(rest) = name.strip_prefix("nvme") else {
+        println!("{name} is not a /dev/nvmeXnY name: skipped");
+        return;
+    };
+    let ng = ns.path().with_file_name(format!("ng{rest}"));
+    if !ng.exists() {
+        println!("{} does not exist: skipped", ng.display());
+        return;
+    }
+    let g = Namespace::open(&ng).unwrap_or_else(|e| panic!("open {}: {e}", ng.display()));
+    assert_eq!(g.nsid(), ns.nsid());
+    unregister_self(&ns);
+    g.register(&Register::register(K1))
+        .expect("register through the char device");
+    let st = ns.report().expect("report through the block device");
+    assert!(st.is_registered(K1), "{st:?}");
+    assert_eq!(g.report().expect("report").registrants, st.registrants);
+    assert_eq!(
+        g.capabilities().expect("caps"),
+        ns.capabilities().expect("caps")
+    );
+    println!("{} and {} agree", ns.path().display(), ng.display());
+    unregister_self(&ns);
+}
