@@ -23,9 +23,9 @@ for t in /hwtests/bin/*; do
   say "running $name"
   t0=$(uptime_s)
   if [ -n "${HWTEST_FILTER:-}" ]; then
-    "$t" --include-ignored --test-threads=1 "$HWTEST_FILTER"
+    "$t" --include-ignored --test-threads=1 --nocapture "$HWTEST_FILTER"
   else
-    "$t" --include-ignored --test-threads=1
+    "$t" --include-ignored --test-threads=1 --nocapture
   fi
   r=$?
   say "$name took $(awk -v a="$t0" -v b="$(uptime_s)" 'BEGIN { printf "%.1f", b - a }')s: $([ $r = 0 ] && echo PASS || echo "FAIL (exit $r)")"

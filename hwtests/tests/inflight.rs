@@ -1,0 +1,227 @@
+//! Preempt-and-abort while the victim has a full io_uring queue of O_DIRECT writes in
+//! flight: no write that reached the kernel after the preempt completed succeeds, every
+//! refused write is the typed `ReservationConflict`, the writer ends fenced, and the
+//! device holds exactly the data of the writes that were reported successful.
+
+use std::sync::OnceLock;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use blockio::{AlignedBuf, Completion, DirectWriter, EngineKind, Options};
+use hwtests::{Outcome, report, setup};
+use nvme_resv::{Access, Acquire, Register, ReservationType, Reservations};
+
+const WERO: ReservationType = ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
+/// Where the writes go: 8 MiB into the namespace, away from the other tests' blocks.
+const REGION: u64 = 8 << 20;
+const BLOCK: usize = 4096;
+/// Upper bound on writes (16 MiB of distinct blocks); the preempt comes long before.
+const MAX_WRITES: u64 = 4096;
+const QUEUE_DEPTH: usize = 32;
+
+/// What became of one write.
+struct Done {
+    tag: u64,
+    result: blockio::Result<()>,
+}
+
+fn offset(tag: u64) -> u64 {
+    REGION + tag * BLOCK as u64
+}
+
+fn fill(buf: &mut AlignedBuf, tag: u64) {
+    let s = buf.as_mut_slice();
+    s.fill(0xa5);
+    s[..8].copy_from_slice(&(tag + 1).to_le_bytes());
+}
+
+#[test]
+#[ignore = "needs a reservation-capable NVMe namespace: set HWTEST_NVME_HOSTS=/dev/nvmeAn1,/dev/nvmeBn1,... or run hwtests/guest/run"]
+fn preempt_and_abort_with_a_full_queue_in_flight() {
+    let hosts = setup();
+    let (a, b) = (&hosts[0], &hosts[1]);
+
+    // B zeroes the region first (no reservation yet), so refused writes are visible
+    // as zeros afterwards.
+    let mut wb =
+        DirectWriter::open(&b.path, Options::default().engine(EngineKind::Sync)).expect("B open");
+    let align = wb.alignment().max(BLOCK);
+    let zeros = AlignedBuf::zeroed(1 << 20, align).expect("buffer");
+    let region_len = MAX_WRITES * BLOCK as u64;
+    for off in (REGION..REGION + region_len).step_by(1 << 20) {
+        wb.write_at(&zeros, off).expect("B zeroes the region");
+    }
+
+    a.ns.register(&Register::register(a.key()))
+        .expect("A register");
+    a.ns.acquire(&Acquire::acquire(a.key(), WERO))
+        .expect("A acquire");
+    b.ns.register(&Register::register(b.key()))
+        .expect("B register");
+
+    let mut wa = DirectWriter::open(
+        &a.path,
+        Options::default()
+            .engine(EngineKind::IoUring)
+            .queue_depth(QUEUE_DEPTH),
+    )
+    .expect("A open");
+    assert_eq!(wa.engine(), EngineKind::IoUring);
+
+    let preempt_done: OnceLock<Instant> = OnceLock::new();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let mut submitted_at: Vec<Instant> = Vec::new();
+    let mut done: Vec<Done> = Vec::new();
+    let mut rejected_after_fence = 0u64;
+
+    std::thread::scope(|s| {
+        let preempt_done = &preempt_done;
+        s.spawn(move || {
+            // Preempt once A has had some writes completed.
+            go_rx.recv().expect("go signal");
+            b.ns.acquire(&Acquire::preempt_and_abort(b.key(), a.key(), WERO))
+                .expect("B preempt-and-abort");
+            preempt_done.set(Instant::now()).expect("set once");
+        });
+
+        let mut free: Vec<AlignedBuf> = (0..QUEUE_DEPTH)
+            .map(|_| AlignedBuf::zeroed(BLOCK, align).expect("buffer"))
+            .collect();
+        let mut tag = 0u64;
+        let mut signalled = false;
+        let mut out = Vec::new();
+        loop {
+            let mut queued = 0;
+            while tag < MAX_WRITES {
+                let Some(mut buf) = free.pop() else { break };
+                fill(&mut buf, tag);
+                match wa.submit_write(buf, offset(tag), tag) {
+                    Ok(()) => {
+                        tag += 1;
+                        queued += 1;
+                    }
+                    Err(rej) => {
+                        assert!(
+                            rej.error.is_reservation_conflict(),
+                            "a fenced writer refuses with the typed conflict: {rej}"
+                        );
+                        rejected_after_fence += 1;
+                        free.push(rej.buf);
+                        break;
+                    }
+                }
+            }
+            // The instant before these requests reach the kernel.
+            let t = Instant::now();
+            submitted_at.resize(tag as usize, t);
+            if queued > 0 {
+                wa.submit().expect("submit");
+            }
+            out.clear();
+            if wa.in_flight() > 0 {
+                wa.reap(1, &mut out).expect("reap");
+            }
+            for c in out.drain(..) {
+                let Completion {
+                    tag, result, buf, ..
+                } = c;
+                done.push(Done { tag, result });
+                free.push(buf);
+            }
+            if !signalled && done.len() >= 64 {
+                go_tx.send(()).expect("signal the preempting thread");
+                signalled = true;
+            }
+            let settled = preempt_done
+                .get()
+                .is_some_and(|p| p.elapsed() > Duration::from_millis(300));
+            if (wa.is_fenced() && wa.in_flight() == 0 && settled) || tag >= MAX_WRITES {
+                break;
+            }
+        }
+        if !signalled {
+            go_tx.send(()).expect("signal");
+        }
+        wa.wait_all(&mut out).expect("wait_all");
+        done.extend(out.drain(..).map(|c| Done {
+            tag: c.tag,
+            result: c.result,
+        }));
+    });
+
+    let preempt_done = *preempt_done.get().expect("the preempt completed");
+    let ok: Vec<&Done> = done.iter().filter(|c| c.result.is_ok()).collect();
+    let conflicts = done
+        .iter()
+        .filter(|c| {
+            c.result
+                .as_ref()
+                .is_err_and(|e| e.is_reservation_conflict())
+        })
+        .count();
+    let others: Vec<String> = done
+        .iter()
+        .filter_map(|c| match &c.result {
+            Err(e) if !e.is_reservation_conflict() => Some(format!("tag {}: {e:?}", c.tag)),
+            _ => None,
+        })
+        .collect();
+    let late_ok: Vec<u64> = ok
+        .iter()
+        .filter(|c| submitted_at[c.tag as usize] > preempt_done)
+        .map(|c| c.tag)
+        .collect();
+    println!(
+        "A submitted {} writes at QD {QUEUE_DEPTH}: {} completed ok, {conflicts} refused \
+         with ReservationConflict, {} other errors, {rejected_after_fence} refused by the \
+         fenced writer before submission; ok after the preempt returned: {late_ok:?}",
+        submitted_at.len(),
+        ok.len(),
+        others.len()
+    );
+    assert!(
+        others.is_empty(),
+        "errors other than the conflict: {others:#?}"
+    );
+    assert!(
+        late_ok.is_empty(),
+        "writes submitted after the preempt succeeded: {late_ok:?}"
+    );
+    assert!(ok.len() >= 64, "A wrote before the preempt");
+    assert!(
+        conflicts >= 1,
+        "A's writes after the preempt were refused by the device"
+    );
+    assert!(wa.is_fenced());
+    let buf = AlignedBuf::zeroed(BLOCK, align).expect("buffer");
+    assert!(
+        wa.write_at(&buf, REGION)
+            .expect_err("fenced")
+            .is_reservation_conflict()
+    );
+    assert_eq!(a.probe(Access::Write), Outcome::Denied);
+
+    // The device holds exactly the successful writes.
+    let ok_tags: std::collections::BTreeSet<u64> = ok.iter().map(|c| c.tag).collect();
+    let mut rb = AlignedBuf::zeroed(BLOCK, align).expect("buffer");
+    for tag in 0..submitted_at.len() as u64 {
+        wb.read_at(&mut rb, offset(tag)).expect("B reads back");
+        let head = u64::from_le_bytes(rb.as_slice()[..8].try_into().expect("8 bytes"));
+        if ok_tags.contains(&tag) {
+            assert_eq!(
+                head,
+                tag + 1,
+                "write {tag} reported ok but is not on the device"
+            );
+        } else {
+            assert_eq!(
+                head, 0,
+                "write {tag} was refused but its data is on the device"
+            );
+        }
+    }
+    let st = report(b);
+    assert!(!st.is_registered(a.key()), "{st:?}");
+    assert_eq!(st.holder().map(|r| r.rkey), Some(b.key()));
+    hwtests::clear_all(&hosts);
+}
