@@ -949,4 +949,99 @@ mod tests {
         }
         assert_eq!(a.report().unwrap().registrants.len(), 4);
     }
+
+    mod prop {
+        use super::*;
+        use proptest::prelude::*;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Reg(u8, u8, u8, bool),
+            Acq(u8, u8, u8, u8, bool),
+            Rel(u8, u8, u8, bool),
+        }
+
+        fn key(i: u8) -> Key {
+            // Key 0 included, to exercise PRKEY 0 and the zero-key refusal.
+            Key(u64::from(i))
+        }
+
+        fn op() -> impl Strategy<Value = (usize, Op)> {
+            let k = 0u8..4;
+            let cmd = prop_oneof![
+                (0u8..3, k.clone(), k.clone(), any::<bool>())
+                    .prop_map(|(a, c, n, ie)| Op::Reg(a, c, n, ie)),
+                (0u8..3, 0u8..8, k.clone(), k.clone(), any::<bool>())
+                    .prop_map(|(a, t, c, p, ie)| Op::Acq(a, t, c, p, ie)),
+                (0u8..2, 0u8..8, k, any::<bool>()).prop_map(|(a, t, c, ie)| Op::Rel(a, t, c, ie)),
+            ];
+            (0usize..3, cmd)
+        }
+
+        fn apply(h: &Host, op: &Op) -> Result<()> {
+            match *op {
+                Op::Reg(a, c, n, ie) => h.register(&Register {
+                    rrega: RegisterAction::from_rrega(a).unwrap(),
+                    crkey: key(c),
+                    nrkey: key(n),
+                    iekey: ie,
+                    cptpl: crate::Cptpl::NoChange,
+                }),
+                Op::Acq(a, t, c, p, ie) => h.acquire(&Acquire {
+                    racqa: AcquireAction::from_racqa(a).unwrap(),
+                    rtype: ReservationType(t),
+                    crkey: key(c),
+                    prkey: key(p),
+                    iekey: ie,
+                }),
+                Op::Rel(a, t, c, ie) => h.release(&Release {
+                    rrela: ReleaseAction::from_rrela(a).unwrap(),
+                    rtype: ReservationType(t),
+                    crkey: key(c),
+                    iekey: ie,
+                }),
+            }
+        }
+
+        proptest! {
+            /// Invariants of the model under any command sequence: one record per host,
+            /// the holder is a registrant, a failed command changes nothing, the
+            /// generation moves by 0 or 1, hosts with access rules consistent.
+            #[test]
+            fn invariants_hold(ops in proptest::collection::vec(op(), 0..60)) {
+                let (ns, a, b, c) = hosts();
+                let hs = [a, b, c];
+                for (h, op) in &ops {
+                    let before = ns.snapshot();
+                    let r = apply(&hs[*h], op);
+                    let after = ns.snapshot();
+                    match &r {
+                        Err(_) => prop_assert_eq!(&after, &before, "{:?} failed but changed state", op),
+                        Ok(()) => prop_assert!(after.generation.wrapping_sub(before.generation) <= 1),
+                    }
+                    if let Err(e) = &r {
+                        let zero_key = matches!(e, Error::ZeroKey { .. });
+                        prop_assert!(e.status().is_some() || zero_key, "{}", e);
+                    }
+                    let mut ids: Vec<_> = after.registrants.iter().map(|r| r.hostid).collect();
+                    ids.sort();
+                    ids.dedup();
+                    prop_assert_eq!(ids.len(), after.registrants.len(), "one record per host");
+                    prop_assert!(after.registrants.iter().all(|r| r.rkey.0 != 0), "key 0 registered");
+                    prop_assert_eq!(after.rtype == ReservationType::NONE, after.holder().is_none());
+                    prop_assert!(after.rtype == ReservationType::NONE || after.rtype.is_valid());
+                    for h in &hs {
+                        let holds = after.registrant(h.hostid()).is_some_and(|r| r.holds_reservation());
+                        if holds || after.rtype == ReservationType::NONE {
+                            prop_assert!(h.check(Access::Read).is_ok() && h.check(Access::Write).is_ok());
+                        }
+                        // Under any of the six types a non-registrant cannot write.
+                        if after.registrant(h.hostid()).is_none() && after.rtype != ReservationType::NONE {
+                            prop_assert!(h.check(Access::Write).is_err());
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

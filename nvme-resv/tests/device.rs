@@ -476,3 +476,30 @@ fn generic_char_device_sees_the_same_state() {
     println!("{} and {} agree", ns.path().display(), ng.display());
     unregister_self(&ns);
 }
+
+#[test]
+#[ignore = "needs a namespace without reservation support: set NVME_RESV_TEST_NORESV_DEV"]
+fn namespace_without_reservations_is_refused_clearly() {
+    let path = dev("NVME_RESV_TEST_NORESV_DEV").expect("NVME_RESV_TEST_NORESV_DEV is not set");
+    let ns = Namespace::open(&path).expect("open");
+    let caps = ns.capabilities().expect("capabilities");
+    println!("{}: {caps:?}", path.display());
+    assert!(!caps.reservations && caps.types().is_empty(), "{caps:?}");
+    let err = ns.require_reservations().unwrap_err();
+    assert!(matches!(err, Error::NoReservationSupport { .. }), "{err:?}");
+    let err = ns.register(&Register::register(K1)).unwrap_err();
+    println!("register: {err}");
+    assert!(!err.is_reservation_conflict(), "{err}");
+    assert!(err.status().is_some(), "a device status: {err}");
+    // The CLI explains it.
+    let out = cli()
+        .arg("register")
+        .arg(&path)
+        .args(["--nrkey", &K1.to_string()])
+        .output()
+        .expect("run nvme-resv");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("CLI: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("does not support reservations"), "{stderr}");
+}

@@ -8,5 +8,6 @@ A=${HWTEST_NVME_HOSTS%%,*}
 rest=${HWTEST_NVME_HOSTS#*,}
 B=${rest%%,*}
 export NVME_RESV_TEST_DEV=$A NVME_RESV_TEST_DEV2=$B NVME_RESV_BIN=/usr/local/bin/nvme-resv
+export NVME_RESV_TEST_NORESV_DEV=${HWTEST_NVME_NORESV:-}
 echo "device tests on A=$A B=$B"
 /usr/local/bin/nvme-resv-device-tests --include-ignored --test-threads=1 --nocapture
