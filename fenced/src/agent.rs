@@ -175,6 +175,12 @@ impl std::fmt::Debug for Agent {
     }
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 fn dev<T>(step: &'static str, r: nvme_resv::Result<T>) -> Result<T, AgentError> {
     r.map_err(|source| AgentError::Device { step, source })
 }
@@ -396,6 +402,9 @@ impl Agent {
                             Ok(()) => match tokio::time::timeout(self.cfg.ttl / 3, stream.message()).await {
                                 Ok(Ok(Some(resp))) => {
                                     watchdog.on_keepalive(resp.ttl(), Instant::now());
+                                    if resp.ttl() > 0 {
+                                        let _ = self.store.put_liveness(&self.cfg.node, unix_ms()).await;
+                                    }
                                     if resp.ttl() <= 0 {
                                         tracing::error!(step = "lease_expired", node = %self.cfg.node, "membership lease expired");
                                     }

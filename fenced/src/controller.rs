@@ -312,13 +312,25 @@ impl Controller {
 
     /// Runs one fence of `victim` to a terminal state. Every `Err` leaves the fence owed.
     pub async fn fence(&self, victim: Victim, trigger: Trigger, guard: ClaimGuard) -> FenceState {
+        let fencer = self.fencer.clone();
+        self.fence_with(&*fencer, victim, trigger, guard).await
+    }
+
+    /// Like [`fence`](Self::fence) with another Fencer (operator attestation).
+    pub async fn fence_with(
+        &self,
+        fencer: &dyn Fencer,
+        victim: Victim,
+        trigger: Trigger,
+        guard: ClaimGuard,
+    ) -> FenceState {
         let rt0 = self.store.round_trips();
         let mut critical = 0;
         let (mut run, _) = FenceRun::new(
             victim.clone(),
             trigger,
             &self.cfg.id,
-            self.fencer.name(),
+            fencer.name(),
             Instant::now(),
         );
         let mut claimed = async {
@@ -368,7 +380,7 @@ impl Controller {
         let won_claim = won.is_some();
         let mut action = run.on_claim(outcome, Instant::now());
         if action == FenceAction::Sever {
-            let r = self.fencer.fence(&victim).await;
+            let r = fencer.fence(&victim).await;
             action = run.on_sever(
                 r.map_err(|e| (e.step, e.message)),
                 Instant::now(),

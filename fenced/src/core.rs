@@ -64,7 +64,9 @@ impl FenceStep {
     /// The steps the claim transaction performs for `trigger`.
     pub fn claim_txn(trigger: Trigger) -> &'static [FenceStep] {
         match trigger {
-            Trigger::Watch => &[Self::RecordIntent, Self::Claim, Self::ReadGeneration],
+            Trigger::Watch | Trigger::Operator => {
+                &[Self::RecordIntent, Self::Claim, Self::ReadGeneration]
+            }
             Trigger::Sweep => &[
                 Self::RecordIntent,
                 Self::Claim,
@@ -109,6 +111,8 @@ pub enum Trigger {
     Watch,
     /// The reconciliation sweep found the fence owed.
     Sweep,
+    /// An operator attested out of band that the node is gone (`fenced attest`).
+    Operator,
 }
 
 /// The node being fenced.
@@ -324,6 +328,7 @@ impl FenceRun {
         let signal = match trigger {
             Trigger::Watch => "membership DELETE observed on watch",
             Trigger::Sweep => "sweep: not a member, fence owed",
+            Trigger::Operator => "operator attestation: not a member",
         };
         let run = Self {
             victim,

@@ -69,6 +69,34 @@ impl Fencer for NoneFencer {
     }
 }
 
+/// Operator-attested fence (seeds 001/002): a person confirmed out of band that the
+/// node is gone and supplies the second confirmation. The reason is recorded verbatim
+/// in the audit record. It counts as a severance (arenas are released): the operator
+/// vouches for it, and `fenced attest` refuses while the node is a member or its
+/// liveness is fresh.
+#[derive(Debug, Clone)]
+pub struct AttestedFencer {
+    /// Who attests.
+    pub operator: String,
+    /// The out-of-band evidence, verbatim.
+    pub reason: String,
+}
+
+impl Fencer for AttestedFencer {
+    fn name(&self) -> &'static str {
+        "operator"
+    }
+    fn fence<'a>(&'a self, _victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+        Box::pin(async move {
+            Ok(Confirmation {
+                fencer: "operator".to_owned(),
+                severed: true,
+                evidence: format!("attested by {}: {}", self.operator, self.reason),
+            })
+        })
+    }
+}
+
 /// Which Reservation Acquire action severs the victim.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]

@@ -11,6 +11,7 @@
 //! <root>/arena_node/<node>/<arena>    index: arenas a node owns (one range read)
 //! <root>/arena_free/<arena>           free pool
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
+//! <root>/liveness/<node>              Unix ms of the agent's last lease renewal
 //! ```
 
 use crate::node::NodeId;
@@ -72,6 +73,11 @@ impl Keys {
     node_key!(
         /// `departed/<node>`: the intentional-departure marker.
         departed, departed_prefix, "departed"
+    );
+
+    node_key!(
+        /// `liveness/<node>`: Unix milliseconds of the agent's last lease renewal.
+        liveness, liveness_prefix, "liveness"
     );
 
     /// `arena_owner/<arena>`: owner of one arena.

@@ -96,6 +96,28 @@ enum Cmd {
         #[arg(long)]
         generation: Option<u64>,
     },
+    /// Operator-attested fence: you confirmed out of band that NODE is gone (powered
+    /// off, detached); supply the second confirmation. Refused while NODE is a member
+    /// or renewed its liveness within --fresh-secs.
+    Attest {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+        /// The node to fence.
+        #[arg(long)]
+        node_id: String,
+        /// Your out-of-band evidence, recorded verbatim in the audit record.
+        #[arg(long)]
+        reason: String,
+        /// Who attests (default $USER).
+        #[arg(long, env = "USER", default_value = "operator")]
+        operator: String,
+        /// Refuse when the node renewed its liveness less than this many seconds ago.
+        #[arg(long, default_value = "30")]
+        fresh_secs: u64,
+        /// Fence even if its liveness is fresh (you are certain).
+        #[arg(long)]
+        force_ignore_liveness: bool,
+    },
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
     Leave {
         /// The daemon's pid file.
@@ -503,6 +525,81 @@ async fn probe(
     })
 }
 
+#[allow(clippy::too_many_arguments)]
+async fn attest(
+    etcd: EtcdArgs,
+    node_id: String,
+    reason: String,
+    operator: String,
+    fresh_secs: u64,
+    force: bool,
+) -> Result<ExitCode, String> {
+    let node = NodeId::new(&node_id).map_err(|e| e.to_string())?;
+    if reason.trim().is_empty() {
+        return Err("--reason must describe your out-of-band evidence".into());
+    }
+    let file = load_config(etcd.config.as_deref())?;
+    let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
+    let root = etcd
+        .root
+        .or(file.root)
+        .unwrap_or_else(|| "/fenced/".to_owned());
+    let store = connect(
+        &eps,
+        &root,
+        Duration::from_secs(120),
+        Duration::from_secs(5),
+    )
+    .await?;
+    let (liveness, member) = store.liveness(&node).await.map_err(|e| e.to_string())?;
+    if member {
+        return Err(format!(
+            "refusing to fence {node}: it is still a member (membership key present)"
+        ));
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
+    if let Some(ms) = liveness {
+        let age = now.saturating_sub(ms) / 1000;
+        if age < fresh_secs && !force {
+            return Err(format!(
+                "refusing to fence {node}: it renewed its liveness {age}s ago (< {fresh_secs}s); use --force-ignore-liveness if you are certain"
+            ));
+        }
+    }
+    let instance = store
+        .intent_instance(&node)
+        .await
+        .map_err(|e| e.to_string())?;
+    let fencer = Arc::new(fenced::fencer::AttestedFencer {
+        operator: operator.clone(),
+        reason,
+    });
+    let controller = Controller::new(
+        store,
+        fencer,
+        ControllerConfig::new(format!("attest/{operator}")),
+    );
+    let state = controller
+        .fence(
+            fenced::core::Victim {
+                node: node.clone(),
+                instance,
+            },
+            fenced::core::Trigger::Operator,
+            fenced::store::ClaimGuard::IgnoreDeparture,
+        )
+        .await;
+    match state {
+        fenced::core::FenceState::Fenced { generation } => {
+            println!("fenced {node}: generation now {generation} (attested by {operator})");
+            Ok(ExitCode::SUCCESS)
+        }
+        other => Err(format!("fence of {node} not completed: {other:?}")),
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
@@ -519,6 +616,24 @@ fn main() -> ExitCode {
         match cli.cmd {
             Cmd::Run(args) => run(*args).await,
             Cmd::Status { etcd, output } => status(etcd, output).await,
+            Cmd::Attest {
+                etcd,
+                node_id,
+                reason,
+                operator,
+                fresh_secs,
+                force_ignore_liveness,
+            } => {
+                attest(
+                    etcd,
+                    node_id,
+                    reason,
+                    operator,
+                    fresh_secs,
+                    force_ignore_liveness,
+                )
+                .await
+            }
             Cmd::Probe {
                 etcd,
                 block_device,

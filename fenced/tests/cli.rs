@@ -204,3 +204,73 @@ fn daemons_fence_a_killed_peer_and_not_one_that_left() {
         "{text}"
     );
 }
+
+#[test]
+fn operator_attestation_is_refused_while_member_or_fresh_then_fences_with_the_reason() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let mut d1 = daemon(&etcd, "n1", dir.path());
+    wait("n1 member", || {
+        status(&etcd)["members"].as_array().map_or(0, Vec::len) == 1
+    });
+    let attest = |extra: &[&str]| {
+        fenced()
+            .args([
+                "attest",
+                "--root",
+                "/cli",
+                "--node-id",
+                "n1",
+                "--operator",
+                "alice",
+            ])
+            .args(["--etcd-endpoints", &etcd.endpoint()])
+            .args([
+                "--reason",
+                "host n1 powered off; confirmed on the BMC console",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = attest(&[]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("still a member"), "{}", stderr(&o));
+    d1.0.kill().unwrap();
+    d1.0.wait().unwrap();
+    wait("n1's membership expired", || {
+        status(&etcd)["members"].as_array().map_or(1, Vec::len) == 0
+    });
+    let o = attest(&[]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("renewed its liveness"),
+        "{}",
+        stderr(&o)
+    );
+    let o = attest(&["--force-ignore-liveness"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = status(&etcd);
+    assert_eq!(generation(&s, "n1"), Some(1));
+    assert_eq!(s["audit_records"], 1);
+    // The reason is in the audit record verbatim.
+    let o = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args([
+            "--endpoints",
+            &etcd.endpoint(),
+            "get",
+            "--prefix",
+            "/cli/audit/n1/",
+            "--print-value-only",
+        ])
+        .output()
+        .expect("etcdctl (Debian etcd-client)");
+    assert!(o.status.success());
+    let v = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        v.contains("attested by alice: host n1 powered off; confirmed on the BMC console"),
+        "{v}"
+    );
+    assert!(v.contains("\"trigger\":\"operator\""), "{v}");
+}
