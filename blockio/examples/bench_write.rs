@@ -119,12 +119,14 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
         })
         .collect::<Result<_, blockio::Error>>()?;
     let mut done: Vec<Completion> = Vec::with_capacity(a.qd);
+    // Steady state only: IOs that complete before the deadline, over the time to the
+    // deadline (fio's time_based window); the drain afterwards is not counted.
     let mut ios = 0u64;
     let start = Instant::now();
     let deadline = start + a.runtime;
-    let mut stopping = false;
+    let mut window: Option<(u64, f64)> = None;
     loop {
-        if !stopping {
+        if window.is_none() {
             while let Some(buf) = free.pop() {
                 let off = next_offset(&mut rng);
                 w.submit_write(buf, off, 0).map_err(|r| r.error)?;
@@ -139,11 +141,14 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
             ios += 1;
             free.push(c.buf);
         }
-        if !stopping && Instant::now() >= deadline {
-            stopping = true;
+        if window.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                window = Some((ios, (now - start).as_secs_f64()));
+            }
         }
     }
-    let secs = start.elapsed().as_secs_f64();
+    let (ios, secs) = window.unwrap_or((ios, start.elapsed().as_secs_f64()));
     let iops = ios as f64 / secs;
     Ok(format!(
         "{{\"tool\":\"blockio\",\"engine\":\"{}\",\"rw\":\"{}\",\"bs\":{},\"qd\":{},\"ios\":{},\"seconds\":{:.3},\"iops\":{:.1},\"bw_bytes\":{:.0},\"fixed_file\":{}}}",
