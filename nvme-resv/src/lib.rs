@@ -1,8 +1,11 @@
 //! NVMe persistent reservations over Linux passthrough ioctls.
 //!
-//! Terms and field names follow the NVM Express Base Specification, revision 2.0c,
-//! section 8.19 ("Reservations") and the NVM Command Set Specification 1.0c,
-//! section 3.2.4-3.2.7 / 4.1.3.x (Reservation Register, Acquire, Release, Report).
+//! Terms and field names follow the NVM Express Base Specification, revision 2.0c:
+//! section 8.19 ("Reservations") for the rules, sections 7.2-7.5 for the Reservation
+//! Acquire, Register, Release and Report commands, 5.17 for Identify; and the NVM
+//! Command Set Specification 1.0c for the Identify Namespace fields (RESCAP, FLBAS,
+//! LBA formats). Where the specification leaves room, behaviour follows the Linux NVMe
+//! target (`drivers/nvme/target/pr.c`); see [`model`].
 //!
 //! The API is split so that everything that can be checked without hardware is:
 //! [`cmd`] holds the pure command encoders, [`report`] the report parser, [`status`]

@@ -195,7 +195,7 @@ impl Namespace {
         // Identify Controller (CNS 01h): ONCS is bytes 521:520.
         let ctrl = self.identify(Operation::IdentifyController, 0x01, 0)?;
         let oncs = u16::from_le_bytes([ctrl[520], ctrl[521]]);
-        // Identify Namespace (CNS 00h), NVM Command Set 1.0c figure 97: NSZE 7:0,
+        // Identify Namespace (CNS 00h), NVM Command Set 1.0c "Identify Namespace Data Structure": NSZE 7:0,
         // FLBAS byte 26 (format index bits 3:0, high bits 6:5), RESCAP byte 31,
         // LBA Format n at 128 + 4n with LBADS in its byte 2.
         let ns = self.identify(Operation::IdentifyNamespace, 0x00, self.nsid)?;
