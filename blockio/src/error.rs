@@ -67,11 +67,11 @@ pub enum Error {
         path: PathBuf,
     },
 
-    /// The direct-I/O alignment of this file could not be learned (the kernel reports
-    /// no `STATX_DIOALIGN` for it), so requests could not be checked before submission.
+    /// The direct-I/O alignment of this file could not be learned: statx reports no
+    /// `STATX_DIOALIGN` and the file system block size is not usable either.
     #[error(
         "cannot learn the O_DIRECT alignment of {path}: statx reports no STATX_DIOALIGN \
-         (Linux >= 6.1 is needed for regular files)"
+         and the file system block size is not a power of two >= 512"
     )]
     UnknownAlignment {
         /// The path that was opened.

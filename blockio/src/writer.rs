@@ -3,7 +3,7 @@
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
@@ -213,6 +213,19 @@ fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
             DioAlign::Unsupported => Err(Error::DirectIoUnsupported {
                 path: path.to_path_buf(),
             }),
+            // The open with O_DIRECT succeeded but the file system does not report its
+            // alignment (tmpfs, or a kernel before 6.1). Direct I/O alignment never
+            // exceeds the file system block size, so that is a safe, stricter rule.
+            DioAlign::Unknown if meta.blksize().is_power_of_two() && meta.blksize() >= 512 => {
+                let bs = meta.blksize() as usize;
+                tracing::debug!(path = %path.display(), block_size = bs, "no STATX_DIOALIGN; aligning to the file system block size");
+                Ok(Geometry {
+                    offset_align: bs,
+                    mem_align: bs,
+                    size: meta.len(),
+                    block_device: false,
+                })
+            }
             _ => Err(Error::UnknownAlignment {
                 path: path.to_path_buf(),
             }),

@@ -353,3 +353,34 @@ fn single_issuer_ring_delivers_completions_to_nonblocking_reaps() {
         assert!(data[i * a..(i + 1) * a].iter().all(|&b| b == i as u8 + 1));
     }
 }
+
+#[test]
+fn files_without_statx_dio_alignment_use_the_block_size() {
+    // tmpfs accepts O_DIRECT (Linux >= 6.6) but reports no STATX_DIOALIGN.
+    let shm = std::path::Path::new("/dev/shm");
+    if !shm.is_dir() {
+        eprintln!("SKIPPED: no /dev/shm");
+        return;
+    }
+    let dir = tempfile::tempdir_in(shm).expect("temp dir on /dev/shm");
+    let path = common::zero_file(dir.path(), "dev.img", SIZE);
+    let mut w = match DirectWriter::open(&path, Options::default()) {
+        Ok(w) => w,
+        Err(Error::DirectIoUnsupported { .. }) => {
+            eprintln!("SKIPPED: /dev/shm refuses O_DIRECT on this kernel");
+            return;
+        }
+        Err(e) => panic!("open on /dev/shm: {e:?}"),
+    };
+    use std::os::unix::fs::MetadataExt;
+    let bs = std::fs::metadata(&path).unwrap().blksize() as usize;
+    assert!(
+        w.alignment() >= 512 && w.alignment() <= bs,
+        "{} vs {bs}",
+        w.alignment()
+    );
+    let data = AlignedBuf::from_slice(&vec![0x42; w.alignment()], w.alignment()).unwrap();
+    w.write_at(&data, w.alignment() as u64).expect("write");
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_eq!(&on_disk[w.alignment()..2 * w.alignment()], data.as_slice());
+}
