@@ -4,12 +4,15 @@
 //!   departure rule, self-fencing watchdog.
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
+//! - `ebs` (cargo feature `ebs`): the EBS force-detach fencer and fencing levels.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
 pub mod agent;
 pub mod controller;
 pub mod core;
+#[cfg(feature = "ebs")]
+pub mod ebs;
 pub mod fencer;
 pub mod guard;
 pub mod keys;
