@@ -1,0 +1,415 @@
+//! The EBS fencer against a real EC2 API peer (moto's server, started on loopback by
+//! the test itself) through the real AWS SDK client with an endpoint override, and end
+//! to end through the controller with a real etcd (tests/common).
+
+mod common;
+mod ebs_peer;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use aws_credential_types::provider::error::CredentialsError;
+use aws_credential_types::provider::{ProvideCredentials, future};
+use fenced::agent::Agent;
+use fenced::controller::Controller;
+use fenced::core::Victim;
+use fenced::ebs::{EbsConfig, EbsError, EbsFencer, Ec2ErrorKind, Ec2Op, PollLimits};
+use fenced::fencer::Fencer;
+use fenced::node::NodeId;
+
+use ebs_peer::{Moto, Proxy};
+
+const CLAIM_TTL: Duration = Duration::from_secs(120);
+
+fn config(url: &str, volume: &str, limits: PollLimits) -> EbsConfig {
+    EbsConfig {
+        volume_id: volume.to_owned(),
+        region: Some("us-east-1".to_owned()),
+        endpoint_url: Some(url.to_owned()),
+        limits,
+    }
+}
+
+fn limits(deadline: Duration) -> PollLimits {
+    PollLimits {
+        deadline,
+        first_backoff: Duration::from_millis(50),
+        max_backoff: Duration::from_millis(400),
+        redetach_after: Duration::from_secs(30),
+    }
+}
+
+async fn fencer(url: &str, volume: &str, limits: PollLimits) -> EbsFencer {
+    let cfg = config(url, volume, limits);
+    let sdk = ebs_peer::sdk_config(&cfg).await;
+    EbsFencer::from_sdk_config(&cfg, &sdk, CLAIM_TTL).expect("fencer")
+}
+
+fn victim(instance: &str) -> Victim {
+    Victim {
+        node: NodeId::new("n1").unwrap(),
+        instance: instance.to_owned(),
+    }
+}
+
+#[tokio::test]
+async fn fence_detaches_and_describe_confirms() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &inst).await;
+    assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![inst.clone()]);
+
+    let f = fencer(&moto.url(), &vol, PollLimits::default()).await;
+    let t = Instant::now();
+    let c = f.fence(&victim(&inst)).await.expect("fence");
+    let took = t.elapsed();
+    eprintln!("ebs fence against moto: {took:?} ({})", c.evidence);
+    assert!(c.severed);
+    assert_eq!(c.fencer, "ebs");
+    assert!(c.evidence.contains(&inst), "{}", c.evidence);
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+
+    // A retry of a completed fence (another controller, the sweep) is confirmed again.
+    let c = f.fence(&victim(&inst)).await.expect("second fence");
+    assert!(c.severed);
+    assert!(
+        c.evidence.contains("InvalidAttachment.NotFound"),
+        "{}",
+        c.evidence
+    );
+
+    // Warm latency: a fresh attachment fenced by the warm client.
+    let mut times = Vec::new();
+    for _ in 0..5 {
+        ebs_peer::attach(&ec2, &vol, &inst).await;
+        let t = Instant::now();
+        assert!(f.fence(&victim(&inst)).await.expect("fence").severed);
+        times.push(t.elapsed());
+        assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+    }
+    times.sort();
+    eprintln!(
+        "ebs fence against moto, warm: min {:?} median {:?} max {:?}",
+        times[0], times[2], times[4]
+    );
+}
+
+#[tokio::test]
+async fn never_attached_volume_is_already_severed() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    let f = fencer(&moto.url(), &vol, PollLimits::default()).await;
+    let c = f.fence(&victim(&inst)).await.expect("fence");
+    assert!(c.severed);
+    assert!(c.evidence.contains("no attachment"), "{}", c.evidence);
+}
+
+#[tokio::test]
+async fn unknown_volume_is_a_typed_error_not_a_fence() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let f = fencer(&moto.url(), "vol-0123456789abcdef0", PollLimits::default()).await;
+    let e = f.sever(&victim(&inst)).await.unwrap_err();
+    match &e {
+        EbsError::VolumeNotFound { op, source, .. } => {
+            assert_eq!(*op, Ec2Op::DetachVolume);
+            assert_eq!(source.kind, Ec2ErrorKind::VolumeNotFound);
+            assert_eq!(source.code.as_deref(), Some("InvalidVolume.NotFound"));
+        }
+        other => panic!("expected VolumeNotFound, got {other:?}"),
+    }
+    assert!(!e.is_retryable());
+    // Through the Fencer trait: a FenceError carrying the typed cause.
+    let fe = f.fence(&victim(&inst)).await.unwrap_err();
+    let src = fe.source.as_deref().expect("source");
+    assert!(
+        matches!(
+            src.downcast_ref::<EbsError>(),
+            Some(EbsError::VolumeNotFound { .. })
+        ),
+        "{fe}"
+    );
+}
+
+#[tokio::test]
+async fn unknown_instance_is_severed_only_by_describe() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let survivor = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &survivor).await;
+    let f = fencer(&moto.url(), &vol, PollLimits::default()).await;
+    // A terminated (unknown) instance has no attachment: severed, and the survivor's
+    // attachment is untouched.
+    let c = f
+        .fence(&victim("i-0123456789abcdef0"))
+        .await
+        .expect("fence");
+    assert!(c.severed);
+    assert!(
+        c.evidence.contains("InvalidInstanceID.NotFound"),
+        "{}",
+        c.evidence
+    );
+    assert!(
+        c.evidence.contains("1 other live attachment"),
+        "{}",
+        c.evidence
+    );
+    assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![survivor]);
+}
+
+#[tokio::test]
+async fn slow_detach_is_polled_until_describe_shows_it_gone() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let proxy = Proxy::start(moto.addr).await;
+    let delay = Duration::from_millis(1500);
+    proxy.set_detach_delay(delay);
+
+    let f = fencer(&proxy.url(), &vol, limits(Duration::from_secs(20))).await;
+    let t = Instant::now();
+    let c = f.fence(&victim(&inst)).await.expect("fence");
+    let took = t.elapsed();
+    eprintln!(
+        "slow detach ({delay:?}) confirmed after {took:?}: {}",
+        c.evidence
+    );
+    assert!(c.severed);
+    // "detaching" from DetachVolume did not end the fence: only DescribeVolumes did,
+    // after moto had really detached.
+    assert!(took >= delay, "{took:?}");
+    assert!(c.evidence.contains("answered detaching"), "{}", c.evidence);
+    assert_eq!(proxy.detaches(), 1);
+    assert_eq!(proxy.forwarded_detaches(), 1);
+    assert!(proxy.describes() >= 3, "{} polls", proxy.describes());
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+}
+
+#[tokio::test]
+async fn peer_stopped_mid_fence_is_unconfirmed_then_completes() {
+    let moto = Moto::start();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let proxy = Proxy::start(moto.addr).await;
+    proxy.set_detach_delay(Duration::from_secs(2));
+
+    let deadline = Duration::from_secs(4);
+    let f = fencer(&proxy.url(), &vol, limits(deadline)).await;
+    let (f2, v) = (f.clone(), victim(&inst));
+    let t = Instant::now();
+    let run = tokio::spawn(async move { f2.sever(&v).await });
+    // Stop the peer once the detach was accepted and a poll saw the attachment.
+    while proxy.describes() < 2 {
+        assert!(t.elapsed() < deadline, "fence did not poll");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    moto.stop();
+    let e = run.await.unwrap().unwrap_err();
+    let took = t.elapsed();
+    eprintln!("stopped peer: unconfirmed after {took:?}: {e}");
+    match &e {
+        EbsError::Unconfirmed {
+            polls, last_state, ..
+        } => {
+            assert!(*polls >= 1);
+            assert_eq!(last_state.as_deref(), Some("attached"));
+        }
+        other => panic!("expected Unconfirmed, got {other:?}"),
+    }
+    assert!(e.is_retryable());
+    assert!(
+        took >= deadline && took < deadline + Duration::from_secs(2),
+        "{took:?}"
+    );
+
+    // The peer comes back: the retry (the sweep's) confirms the fence.
+    moto.resume();
+    proxy.set_detach_delay(Duration::ZERO);
+    let c = f
+        .sever(&victim(&inst))
+        .await
+        .expect("retry after the peer is back");
+    assert!(c.severed);
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+}
+
+#[derive(Debug)]
+struct NoCredentials;
+
+impl ProvideCredentials for NoCredentials {
+    fn provide_credentials<'a>(&'a self) -> future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        future::ProvideCredentials::ready(Err(CredentialsError::not_loaded(
+            "test: no credentials configured",
+        )))
+    }
+}
+
+#[tokio::test]
+async fn missing_credentials_fail_loudly_and_at_once() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let proxy = Proxy::start(moto.addr).await;
+    let cfg = config(&proxy.url(), &vol, PollLimits::default());
+    let sdk = cfg
+        .loader()
+        .credentials_provider(NoCredentials)
+        .load()
+        .await;
+    let f = EbsFencer::from_sdk_config(&cfg, &sdk, CLAIM_TTL).unwrap();
+    let t = Instant::now();
+    let e = f.sever(&victim(&inst)).await.unwrap_err();
+    match &e {
+        EbsError::Denied { source, .. } => assert_eq!(source.kind, Ec2ErrorKind::Denied),
+        other => panic!("expected Denied, got {other:?}"),
+    }
+    assert!(!e.is_retryable());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // Nothing reached the peer, and the attachment is intact.
+    assert_eq!(proxy.detaches() + proxy.describes(), 0);
+    assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![inst]);
+}
+
+#[tokio::test]
+async fn limits_beyond_the_claim_ttl_are_refused() {
+    let cfg = config("http://127.0.0.1:9", "vol-1", limits(CLAIM_TTL));
+    let sdk = ebs_peer::sdk_config(&cfg).await;
+    let e = EbsFencer::from_sdk_config(&cfg, &sdk, CLAIM_TTL).unwrap_err();
+    assert!(matches!(e, EbsError::BadLimits { .. }), "{e:?}");
+}
+
+// End to end through the controller: a real etcd (tests/common), an agent whose
+// membership value is a moto instance id, and a controller fencing with EBS.
+
+fn ebs_limits_for_tests() -> PollLimits {
+    // Below the tests' short claim TTL (3 s), as the fencer requires.
+    limits(Duration::from_millis(1500))
+}
+
+async fn ebs_controller(
+    cluster: &common::Cluster,
+    url: &str,
+    vol: &str,
+) -> (Arc<Controller>, tokio::task::JoinHandle<()>) {
+    let cfg = config(url, vol, ebs_limits_for_tests());
+    let sdk = ebs_peer::sdk_config(&cfg).await;
+    let f = EbsFencer::from_sdk_config(&cfg, &sdk, common::CLAIM_TTL).expect("ebs fencer");
+    cluster
+        .controller("n2", Arc::new(f), cluster.controller_cfg("n2"))
+        .await
+}
+
+async fn ebs_agent(cluster: &common::Cluster, n: &str, instance: &str) -> common::RunningAgent {
+    let mut cfg = cluster.agent_cfg(n, 1);
+    cfg.instance = instance.to_owned();
+    // An EBS-only cluster: no reservation device.
+    let agent = Agent::start(cluster.store().await, cfg, None, common::key_of(n))
+        .await
+        .expect("agent start");
+    common::RunningAgent::spawn(agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_ebs_fence_bump() {
+    let cluster = common::Cluster::new();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let i1 = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let store = cluster.store().await;
+    store
+        .add_free_arenas(&["arena-0".to_owned(), "arena-1".to_owned()])
+        .await
+        .unwrap();
+
+    let a1 = ebs_agent(&cluster, "n1", &i1).await;
+    assert_eq!(a1.arenas.len(), 1);
+    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
+    assert_eq!(common::generation(&store, "n1").await, 0);
+
+    let t = Instant::now();
+    a1.kill(); // SIGKILL-style: the keepalive stops, the lease expires
+    common::wait_until("n1 fenced (generation 1)", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { common::generation(&store, "n1").await == 1 }
+    })
+    .await;
+    eprintln!("lease expiry -> EBS fence -> bump: {:?} after the kill (TTL {:?})", t.elapsed(), common::TTL);
+
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+    let n1 = common::node("n1");
+    assert!(store.owned_arenas(&n1).await.unwrap().is_empty());
+    assert!(store.free_arenas().await.unwrap().contains(&a1.arenas[0]));
+    let audit = store.audit_records(&n1).await.unwrap();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["fencer"], "ebs", "{last}");
+    assert_eq!(last["fencer_result"], "confirmed", "{last}");
+    assert_eq!(last["instance"], i1.as_str(), "{last}");
+    assert!(last["signals"].to_string().contains("DescribeVolumes lists no attachment"), "{last}");
+    assert_eq!(ctl.stats().fenced.load(Ordering::Relaxed), 1);
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
+    let cluster = common::Cluster::new();
+    let moto = Moto::start(); // its own: it is stopped
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let i1 = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let store = cluster.store().await;
+    store.add_free_arenas(&["arena-0".to_owned()]).await.unwrap();
+
+    let a1 = ebs_agent(&cluster, "n1", &i1).await;
+    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
+    moto.stop();
+    a1.kill();
+    common::wait_until("a failed EBS fence attempt", Duration::from_secs(30), || {
+        let failed = ctl.stats().failed.load(Ordering::Relaxed);
+        async move { failed >= 1 }
+    })
+    .await;
+    // Not confirmed: no bump, the arena still recorded as n1's, the intent still owed.
+    let n1 = common::node("n1");
+    assert_eq!(common::generation(&store, "n1").await, 0);
+    assert_eq!(store.owned_arenas(&n1).await.unwrap(), a1.arenas);
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert_eq!(snap.pending.get(&n1).map(|p| p.0.as_str()), Some(i1.as_str()));
+    let audit = store.audit_records(&n1).await.unwrap();
+    assert!(
+        audit.iter().any(|r| r["fencer_result"].to_string().contains("not confirmed")),
+        "{audit:?}"
+    );
+
+    // EC2 answers again: the sweep (every 500 ms in the tests) completes the fence.
+    moto.resume();
+    common::wait_until("the sweep fences n1", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { common::generation(&store, "n1").await == 1 }
+    })
+    .await;
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+    assert!(store.owned_arenas(&n1).await.unwrap().is_empty());
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert!(!snap.pending.contains_key(&n1));
+    task.abort();
+}

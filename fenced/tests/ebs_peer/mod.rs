@@ -1,0 +1,424 @@
+//! The EC2 API peer for the EBS tests: a `moto_server` started on a free loopback port
+//! (killed by PID on drop), and a small HTTP proxy in front of it that can make
+//! `DetachVolume` asynchronous, as it is on AWS (moto detaches synchronously).
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener as StdListener, TcpStream as StdStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use aws_sdk_ec2::config::{Credentials, Region};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
+
+/// Where the moto server lives: `$FENCED_MOTO_SERVER`, else the venv that
+/// `scripts/install-deps` creates.
+pub fn moto_server_path() -> PathBuf {
+    let path = std::env::var_os("FENCED_MOTO_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/tmp/fenced-moto-venv/bin/moto_server"));
+    assert!(
+        path.exists(),
+        "the EBS tests need moto's EC2 API server at {} (run scripts/install-deps, which creates \
+         the venv: python3 -m venv /var/tmp/fenced-moto-venv && \
+         /var/tmp/fenced-moto-venv/bin/pip install 'moto[server]'; or set FENCED_MOTO_SERVER)",
+        path.display()
+    );
+    path
+}
+
+fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free loopback port")
+        .port()
+}
+
+/// A running `moto_server`, killed on drop.
+#[derive(Debug)]
+pub struct Moto {
+    child: Child,
+    /// Its address.
+    pub addr: SocketAddr,
+}
+
+/// The peer shared by the tests that do not stop it: started by the first of them and
+/// killed when the last one drops its handle (each test makes its own volumes and
+/// instances). Sharing pays moto's start and first-RunInstances cost (seconds on a
+/// loaded machine) once per test binary instead of once per test.
+static SHARED: Mutex<Weak<Moto>> = Mutex::new(Weak::new());
+
+impl Moto {
+    /// A handle on the shared peer.
+    pub fn shared() -> Arc<Self> {
+        let mut w = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = w.upgrade() {
+            return m;
+        }
+        let m = Arc::new(Self::start());
+        *w = Arc::downgrade(&m);
+        m
+    }
+
+    /// Starts moto on a free loopback port and waits until it answers HTTP.
+    pub fn start() -> Self {
+        let bin = moto_server_path();
+        for _ in 0..3 {
+            let port = free_port();
+            let mut child = Command::new(&bin)
+                .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("spawn {}: {e}", bin.display()));
+            let addr = SocketAddr::from(([127, 0, 0, 1], port));
+            let until = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < until {
+                if let Ok(Some(_)) = child.try_wait() {
+                    break; // lost the port race: try another
+                }
+                if http_ok(addr) {
+                    return Self { child, addr };
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("moto_server did not come up on 127.0.0.1");
+    }
+
+    /// Its endpoint URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGSTOP: the peer stops answering (connections still queue).
+    pub fn stop(&self) {
+        signal(self.pid(), "-STOP");
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self) {
+        signal(self.pid(), "-CONT");
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill")
+        .success();
+    assert!(ok, "kill {sig} {pid}");
+}
+
+impl Drop for Moto {
+    fn drop(&mut self) {
+        // A stopped process still dies of SIGKILL.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn http_ok(addr: SocketAddr) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = StdStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 12];
+    s.read_exact(&mut buf).is_ok() && buf.starts_with(b"HTTP/1.") && &buf[9..12] == b"200"
+}
+
+/// SDK config for the peer at `url`: the fencer's own loader (timeouts, retries,
+/// endpoint override) plus static test credentials.
+pub async fn sdk_config(config: &fenced::ebs::EbsConfig) -> aws_config::SdkConfig {
+    config
+        .loader()
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "static"))
+        .load()
+        .await
+}
+
+/// A client for setting up fixtures directly against moto.
+pub async fn client(url: &str) -> aws_sdk_ec2::Client {
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("testing", "testing", None, None, "static"))
+        .endpoint_url(url)
+        .load()
+        .await;
+    aws_sdk_ec2::Client::new(&sdk)
+}
+
+/// Launches one instance.
+pub async fn run_instance(c: &aws_sdk_ec2::Client) -> String {
+    let out = c
+        .run_instances()
+        .image_id("ami-12c6146b")
+        .min_count(1)
+        .max_count(1)
+        .send()
+        .await
+        .expect("RunInstances");
+    out.instances()[0]
+        .instance_id()
+        .expect("instance id")
+        .to_owned()
+}
+
+/// Creates an io2 volume in us-east-1a.
+pub async fn create_volume(c: &aws_sdk_ec2::Client) -> String {
+    let out = c
+        .create_volume()
+        .availability_zone("us-east-1a")
+        .size(8)
+        .volume_type(aws_sdk_ec2::types::VolumeType::Io2)
+        .iops(100)
+        .send()
+        .await
+        .expect("CreateVolume");
+    out.volume_id().expect("volume id").to_owned()
+}
+
+/// Attaches `volume` to `instance`.
+pub async fn attach(c: &aws_sdk_ec2::Client, volume: &str, instance: &str) {
+    c.attach_volume()
+        .volume_id(volume)
+        .instance_id(instance)
+        .device("/dev/sdf")
+        .send()
+        .await
+        .expect("AttachVolume");
+}
+
+/// The instances `volume` is attached to, as DescribeVolumes says (not `detached`).
+pub async fn attached_to(c: &aws_sdk_ec2::Client, volume: &str) -> Vec<String> {
+    let out = c
+        .describe_volumes()
+        .volume_ids(volume)
+        .send()
+        .await
+        .expect("DescribeVolumes");
+    out.volumes()[0]
+        .attachments()
+        .iter()
+        .filter(|a| a.state().map(|s| s.as_str()) != Some("detached"))
+        .filter_map(|a| a.instance_id().map(str::to_owned))
+        .collect()
+}
+
+/// A loopback HTTP proxy in front of moto. With a detach delay, it answers
+/// `DetachVolume` at once with `detaching` and forwards it to moto only after the delay:
+/// the detach is then asynchronous, as on AWS, and `DescribeVolumes` (always forwarded)
+/// keeps listing the attachment until moto performs it.
+#[derive(Debug)]
+pub struct Proxy {
+    /// Its address.
+    pub addr: SocketAddr,
+    state: Arc<ProxyState>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct ProxyState {
+    upstream: SocketAddr,
+    detach_delay_ms: AtomicU64,
+    detaches: AtomicU32,
+    describes: AtomicU32,
+    forwarded_detaches: AtomicU32,
+    detach_seen: Notify,
+}
+
+impl Proxy {
+    /// A proxy to `upstream` on a free loopback port.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let state = Arc::new(ProxyState {
+            upstream,
+            detach_delay_ms: AtomicU64::new(0),
+            detaches: AtomicU32::new(0),
+            describes: AtomicU32::new(0),
+            forwarded_detaches: AtomicU32::new(0),
+            detach_seen: Notify::new(),
+        });
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                tokio::spawn(serve(conn, st.clone()));
+            }
+        });
+        Self { addr, state, task }
+    }
+
+    /// Its endpoint URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Makes DetachVolume take `d` to complete (zero: forward at once).
+    pub fn set_detach_delay(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        self.state.detach_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// DetachVolume requests received.
+    pub fn detaches(&self) -> u32 {
+        self.state.detaches.load(Ordering::SeqCst)
+    }
+
+    /// DetachVolume requests forwarded to moto (performed).
+    pub fn forwarded_detaches(&self) -> u32 {
+        self.state.forwarded_detaches.load(Ordering::SeqCst)
+    }
+
+    /// DescribeVolumes requests received.
+    pub fn describes(&self) -> u32 {
+        self.state.describes.load(Ordering::SeqCst)
+    }
+
+    /// Waits for the next DetachVolume request to arrive.
+    pub async fn detach_arrived(&self) {
+        self.state.detach_seen.notified().await;
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// One HTTP/1.1 request: head (request line + headers) and body.
+struct Request {
+    head: String,
+    body: Vec<u8>,
+}
+
+async fn read_request(conn: &mut TcpStream) -> Option<Request> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8(buf[..head_end].to_vec()).ok()?;
+    let len: usize = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        let n = conn.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Some(Request { head, body })
+}
+
+fn form_value(body: &str, key: &str) -> Option<String> {
+    body.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=')?;
+        (k == key).then(|| v.to_owned())
+    })
+}
+
+/// Sends `req` to moto with `Connection: close` and returns its whole answer.
+async fn forward(upstream: SocketAddr, req: &Request) -> std::io::Result<Vec<u8>> {
+    let mut up = TcpStream::connect(upstream).await?;
+    let mut head = String::new();
+    for (i, line) in req.head.trim_end().split("\r\n").enumerate() {
+        let is_conn = line
+            .split_once(':')
+            .is_some_and(|(k, _)| k.eq_ignore_ascii_case("connection"));
+        if i == 0 || !is_conn {
+            head.push_str(line);
+            head.push_str("\r\n");
+        }
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    up.write_all(head.as_bytes()).await?;
+    up.write_all(&req.body).await?;
+    let mut out = Vec::new();
+    up.read_to_end(&mut out).await?;
+    Ok(out)
+}
+
+async fn serve(mut conn: TcpStream, st: Arc<ProxyState>) {
+    // One request per connection, answered with `Connection: close`.
+    let Some(req) = read_request(&mut conn).await else {
+        return;
+    };
+    let body = String::from_utf8_lossy(&req.body).into_owned();
+    let action = form_value(&body, "Action").unwrap_or_default();
+    let delay = Duration::from_millis(st.detach_delay_ms.load(Ordering::SeqCst));
+    let answer = match action.as_str() {
+        "DetachVolume" => {
+            st.detaches.fetch_add(1, Ordering::SeqCst);
+            st.detach_seen.notify_waiters();
+            if delay.is_zero() {
+                st.forwarded_detaches.fetch_add(1, Ordering::SeqCst);
+                forward(st.upstream, &req).await
+            } else {
+                let vol = form_value(&body, "VolumeId").unwrap_or_default();
+                let inst = form_value(&body, "InstanceId").unwrap_or_default();
+                let st2 = st.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    st2.forwarded_detaches.fetch_add(1, Ordering::SeqCst);
+                    let _ = forward(st2.upstream, &req).await;
+                });
+                let xml = format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DetachVolumeResponse \
+                     xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>proxy</requestId>\
+                     <volumeId>{vol}</volumeId><instanceId>{inst}</instanceId><device>/dev/sdf</device>\
+                     <status>detaching</status></DetachVolumeResponse>"
+                );
+                Ok(format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: text/xml;charset=UTF-8\r\nContent-Length: {}\r\n\
+                     Connection: close\r\n\r\n{xml}",
+                    xml.len()
+                )
+                .into_bytes())
+            }
+        }
+        other => {
+            if other == "DescribeVolumes" {
+                st.describes.fetch_add(1, Ordering::SeqCst);
+            }
+            forward(st.upstream, &req).await
+        }
+    };
+    if let Ok(bytes) = answer {
+        let _ = conn.write_all(&bytes).await;
+        let _ = conn.shutdown().await;
+    }
+}
