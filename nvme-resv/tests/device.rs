@@ -353,6 +353,34 @@ fn cli_json_matches_library_and_nvme_cli() {
         }
         None => println!("nvme-cli not available: cross-check skipped"),
     }
+    // Human output names the holder's key; capabilities list the types.
+    let out = cli()
+        .arg("report")
+        .arg(ns.path())
+        .output()
+        .expect("run nvme-resv");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("CLI report:\n{text}");
+    assert!(out.status.success());
+    assert!(
+        text.contains("generation") && text.contains(&K1.to_string()),
+        "{text}"
+    );
+    assert!(
+        text.contains("Write Exclusive - Registrants Only"),
+        "{text}"
+    );
+    let out = cli()
+        .arg("capabilities")
+        .arg(ns.path())
+        .output()
+        .expect("run nvme-resv");
+    let text = String::from_utf8_lossy(&out.stdout);
+    println!("CLI capabilities:\n{text}");
+    assert!(
+        out.status.success() && text.contains("reservations: supported"),
+        "{text}"
+    );
     // A conflict through the CLI exits 3.
     let out = cli()
         .arg("register")
