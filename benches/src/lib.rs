@@ -1,1 +1,211 @@
-//! Benchmarks live in benches/.
+//! Shared pieces of the benchmarks in `benches/benches/`: a real etcd started by the
+//! bench itself, the quick/full switch and latency summaries.
+//!
+//! Every bench has a quick default (a handful of samples, so `cargo test -p benches
+//! --benches` proves it still runs) and a full mode for the README table, selected by
+//! `FENCED_BENCH_FULL=1`.
+#![deny(missing_docs)]
+#![deny(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// True when `FENCED_BENCH_FULL` is set to anything but `0` or empty: take the README's
+/// sample sizes instead of the quick ones.
+pub fn full_mode() -> bool {
+    std::env::var("FENCED_BENCH_FULL").is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// `quick` samples by default, `full` with [`full_mode`]; `FENCED_BENCH_SAMPLES`
+/// overrides both.
+pub fn samples(quick: usize, full: usize) -> usize {
+    if let Some(n) = std::env::var("FENCED_BENCH_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return n;
+    }
+    if full_mode() { full } else { quick }
+}
+
+/// The etcd binary: `$FENCED_BENCH_ETCD` or Debian's `/usr/bin/etcd`.
+pub fn etcd_binary() -> String {
+    std::env::var("FENCED_BENCH_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".to_owned())
+}
+
+/// A free loopback TCP port (bound, then released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a loopback port")
+}
+
+/// A single-member etcd on free loopback ports with a temp data dir, killed by PID on
+/// drop.
+#[derive(Debug)]
+pub struct Etcd {
+    child: Child,
+    dir: tempfile::TempDir,
+    client_port: u16,
+}
+
+impl Etcd {
+    /// Starts etcd and waits until `/health` answers (at most 20 s).
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (cp, pp) = (free_port(), free_port());
+        let client = format!("http://127.0.0.1:{cp}");
+        let peer = format!("http://127.0.0.1:{pp}");
+        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("log file");
+        let child = Command::new(etcd_binary())
+            .args(["--name", "b1", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .args(["--logger=zap", "--log-outputs=stderr"])
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .arg(format!("--initial-cluster=b1={peer}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e} (apt-get install etcd-server)",
+                    etcd_binary()
+                )
+            });
+        let etcd = Self {
+            child,
+            dir,
+            client_port: cp,
+        };
+        let t0 = Instant::now();
+        while !etcd.healthy() {
+            assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "etcd not healthy after 20 s; log: {}",
+                etcd.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        etcd
+    }
+
+    fn healthy(&self) -> bool {
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+        if s.write_all(req.as_bytes()).is_err() {
+            return false;
+        }
+        let mut out = String::new();
+        let _ = s.read_to_string(&mut out);
+        out.contains("\"health\":\"true\"")
+    }
+
+    /// The client URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The server's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        // Child::kill sends SIGKILL to exactly this PID.
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Order statistics of a set of durations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Summary {
+    /// Number of samples.
+    pub n: usize,
+    /// Smallest.
+    pub min: Duration,
+    /// Median.
+    pub p50: Duration,
+    /// 99th percentile (nearest rank).
+    pub p99: Duration,
+    /// Largest.
+    pub max: Duration,
+    /// Arithmetic mean.
+    pub mean: Duration,
+}
+
+impl Summary {
+    /// Summarises `samples`; `None` when empty.
+    pub fn of(samples: &[Duration]) -> Option<Self> {
+        if samples.is_empty() {
+            return None;
+        }
+        let mut s = samples.to_vec();
+        s.sort_unstable();
+        let rank = |p: f64| {
+            // Nearest-rank percentile: the smallest sample with at least p of the
+            // samples at or below it.
+            let r = (p * s.len() as f64).ceil() as usize;
+            s[r.clamp(1, s.len()) - 1]
+        };
+        let total: Duration = s.iter().sum();
+        Some(Self {
+            n: s.len(),
+            min: s[0],
+            p50: rank(0.50),
+            p99: rank(0.99),
+            max: s[s.len() - 1],
+            mean: total / u32::try_from(s.len()).unwrap_or(u32::MAX),
+        })
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        write!(
+            f,
+            "n={} min={:.3}ms p50={:.3}ms p99={:.3}ms max={:.3}ms mean={:.3}ms",
+            self.n,
+            ms(self.min),
+            ms(self.p50),
+            ms(self.p99),
+            ms(self.max),
+            ms(self.mean)
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn summary_percentiles_are_nearest_rank() {
+        let v: Vec<Duration> = (1..=200).map(Duration::from_millis).collect();
+        let s = Summary::of(&v).unwrap();
+        assert_eq!(s.n, 200);
+        assert_eq!(s.min, Duration::from_millis(1));
+        assert_eq!(s.p50, Duration::from_millis(100));
+        assert_eq!(s.p99, Duration::from_millis(198));
+        assert_eq!(s.max, Duration::from_millis(200));
+        assert_eq!(s.mean, Duration::from_micros(100_500));
+        assert!(Summary::of(&[]).is_none());
+        let one = Summary::of(&[Duration::from_millis(7)]).unwrap();
+        assert_eq!(
+            (one.p50, one.p99),
+            (Duration::from_millis(7), Duration::from_millis(7))
+        );
+    }
+}

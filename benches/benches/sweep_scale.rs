@@ -1,0 +1,200 @@
+//! Sweep scaling: a key space with N known nodes (`gen/<node>`), 99% of them live
+//! members and 1% owed a fence (known, not a member, never fenced), on a real local
+//! etcd. Measures
+//! - the sweep's read (`EtcdStore::sweep_snapshot`): wall time, etcd requests (the
+//!   store's round-trip counter) and bytes of keys and values read;
+//! - a whole `Controller::sweep_once` that also fences the 1% (`none` fencer):
+//!   wall time and etcd requests;
+//! - a steady-state sweep with nothing owed.
+//!
+//! Quick (default): N = 1 000, 1 repetition. Full (`FENCED_BENCH_FULL=1 cargo bench -p
+//! benches --bench sweep_scale`): N = 1 000 and 10 000, 7 snapshot reads and 5 sweeps.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use benches::{Etcd, Summary, full_mode, samples};
+use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use fenced::NodeId;
+use fenced::controller::{Controller, ControllerConfig};
+use fenced::fencer::NoneFencer;
+use fenced::keys::Keys;
+use fenced::store::EtcdStore;
+
+/// etcd's default `--max-txn-ops`.
+const MAX_TXN_OPS: usize = 128;
+
+fn main() {
+    let sizes: &[usize] = if full_mode() {
+        &[1_000, 10_000]
+    } else {
+        &[1_000]
+    };
+    let reads = samples(1, 7);
+    let sweeps = samples(1, 5);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let etcd = Etcd::start();
+    for &n in sizes {
+        rt.block_on(run(&etcd, n, reads, sweeps));
+    }
+}
+
+async fn put_all(client: &mut Client, ops: Vec<TxnOp>) {
+    let mut ops = ops.into_iter().peekable();
+    while ops.peek().is_some() {
+        let batch: Vec<TxnOp> = ops.by_ref().take(MAX_TXN_OPS).collect();
+        client
+            .txn(Txn::new().and_then(batch))
+            .await
+            .expect("populate");
+    }
+}
+
+/// Bytes of keys and values under `prefix` (keys only where the sweep reads keys only).
+async fn bytes_under(client: &mut Client, prefix: String, keys_only: bool) -> usize {
+    let mut opts = GetOptions::new().with_prefix();
+    if keys_only {
+        opts = opts.with_keys_only();
+    }
+    let r = client.get(prefix, Some(opts)).await.expect("range");
+    r.kvs()
+        .iter()
+        .map(|kv| kv.key().len() + kv.value().len())
+        .sum()
+}
+
+async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
+    let root = format!("/bench-sweep-{n}");
+    let ep = vec![etcd.endpoint()];
+    let store = EtcdStore::connect(&ep, &root, Duration::from_secs(30))
+        .await
+        .expect("connect");
+    let keys: Keys = store.keys().clone();
+    let mut client = store.client();
+    let lease = store.grant(Duration::from_secs(3600)).await.expect("grant");
+    let owed_every = 100; // 1%
+    let nodes: Vec<NodeId> = (0..n)
+        .map(|i| NodeId::new(&format!("node-{i:05}")).expect("node id"))
+        .collect();
+    let owed: Vec<&NodeId> = nodes.iter().step_by(owed_every).collect();
+    let t_pop = Instant::now();
+    let mut ops = Vec::with_capacity(2 * n);
+    for (i, node) in nodes.iter().enumerate() {
+        ops.push(TxnOp::put(keys.generation(node), "3", None));
+        if i % owed_every != 0 {
+            ops.push(TxnOp::put(
+                keys.membership(node),
+                format!("i-{i:017x}"),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+        }
+    }
+    put_all(&mut client, ops).await;
+    println!(
+        "sweep_scale[{n}]: populated {n} nodes ({} owed) in {:.1?}",
+        owed.len(),
+        t_pop.elapsed()
+    );
+
+    let mut bytes = 0;
+    for (p, keys_only) in [
+        (keys.generation_prefix(), false),
+        (keys.pending_prefix(), false),
+        (keys.done_prefix(), false),
+        (keys.membership_prefix(), false),
+        (keys.departed_prefix(), false),
+        (keys.arena_node_all_prefix(), true),
+        (keys.claim_prefix(), true),
+    ] {
+        bytes += bytes_under(&mut client, p, keys_only).await;
+    }
+
+    // The sweep's read alone.
+    let mut read_lat = Vec::new();
+    let mut read_rts = Vec::new();
+    for _ in 0..reads {
+        let rt0 = store.round_trips();
+        let t0 = Instant::now();
+        let (snap, _) = store.sweep_snapshot().await.expect("sweep read");
+        read_lat.push(t0.elapsed());
+        read_rts.push(store.round_trips() - rt0);
+        assert_eq!(snap.generations.len(), n);
+        assert_eq!(snap.members.len(), n - owed.len());
+    }
+
+    // Whole sweeps that each fence the owed 1%: reset the owed nodes' fence marks
+    // between sweeps so each sweep has the same work.
+    let ctrl_store = EtcdStore::connect(&ep, &root, Duration::from_secs(30))
+        .await
+        .expect("connect");
+    let mut cfg = ControllerConfig::new("sweeper");
+    cfg.sweep_on_start = false;
+    let ctrl = Controller::new(ctrl_store, Arc::new(NoneFencer), cfg);
+    ctrl.store()
+        .prepare_claim_lease()
+        .await
+        .expect("claim lease");
+    let mut sweep_lat = Vec::new();
+    let mut sweep_rts = Vec::new();
+    for _ in 0..sweeps {
+        let rt0 = ctrl.store().round_trips();
+        let t0 = Instant::now();
+        let report = ctrl.sweep_once().await.expect("sweep");
+        sweep_lat.push(t0.elapsed());
+        sweep_rts.push(ctrl.store().round_trips() - rt0);
+        assert_eq!(report.fenced, owed.len(), "sweep fenced {report:?}");
+        let reset: Vec<TxnOp> = owed
+            .iter()
+            .map(|node| TxnOp::delete(keys.done(node), None))
+            .collect();
+        put_all(&mut client, reset).await;
+        ctrl.store()
+            .prepare_claim_lease()
+            .await
+            .expect("claim lease");
+    }
+    // Steady state: nothing owed (the owed nodes are marked done).
+    for node in &owed {
+        ctrl.store()
+            .client()
+            .put(keys.done(node), "4", None)
+            .await
+            .expect("mark done");
+    }
+    let rt0 = ctrl.store().round_trips();
+    let t0 = Instant::now();
+    let report = ctrl.sweep_once().await.expect("sweep");
+    let idle = t0.elapsed();
+    let idle_rts = ctrl.store().round_trips() - rt0;
+    assert_eq!(report.fenced, 0);
+
+    let read = Summary::of(&read_lat).expect("samples");
+    let sweep = Summary::of(&sweep_lat).expect("samples");
+    let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+    println!("sweep_scale[{n}]: snapshot read {read}");
+    println!(
+        "sweep_scale[{n}]: snapshot read etcd requests {} (max), bytes of keys+values read {bytes}",
+        max(&read_rts)
+    );
+    println!(
+        "sweep_scale[{n}]: sweep fencing {} owed {sweep}; etcd requests {} (max)",
+        owed.len(),
+        max(&sweep_rts)
+    );
+    println!(
+        "sweep_scale[{n}]: steady-state sweep (nothing owed) {:.3}ms, etcd requests {idle_rts}",
+        idle.as_secs_f64() * 1e3
+    );
+    println!(
+        "BENCH sweep_scale n={n} read_p50_ms={:.3} read_requests={} bytes={bytes} sweep_p50_ms={:.3} sweep_requests={} idle_ms={:.3} idle_requests={idle_rts}",
+        read.p50.as_secs_f64() * 1e3,
+        max(&read_rts),
+        sweep.p50.as_secs_f64() * 1e3,
+        max(&sweep_rts),
+        idle.as_secs_f64() * 1e3
+    );
+}
