@@ -162,6 +162,73 @@ pub struct Agent {
     lease: i64,
     arenas: Vec<String>,
     watchdog: Option<File>,
+    granted_at: Instant,
+    renewals: tokio::sync::watch::Receiver<(Instant, i64)>,
+    keepalive: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        // A dead agent renews nothing: its lease expires and peers fence it.
+        self.keepalive.abort();
+    }
+}
+
+/// Keeps `lease` alive from the moment it is granted (a slow start must not let it
+/// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone.
+fn spawn_keepalive(
+    store: EtcdStore,
+    node: NodeId,
+    lease: i64,
+    ttl: Duration,
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::watch::Receiver<(Instant, i64)>,
+) {
+    let (tx, rx) = tokio::sync::watch::channel((
+        Instant::now(),
+        i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
+    ));
+    let task = tokio::spawn(async move {
+        let mut stream = store.keep_alive(lease).await.ok();
+        let mut tick = tokio::time::interval((ttl / 3).max(Duration::from_millis(200)));
+        loop {
+            tick.tick().await;
+            let renewed = match &mut stream {
+                Some((keeper, msgs)) => match keeper.keep_alive().await {
+                    Ok(()) => match tokio::time::timeout(ttl / 3, msgs.message()).await {
+                        Ok(Ok(Some(resp))) => Some(resp.ttl()),
+                        _ => None,
+                    },
+                    Err(_) => None,
+                },
+                None => None,
+            };
+            match renewed {
+                Some(left) => {
+                    let _ = tx.send((Instant::now(), left));
+                    if left > 0 {
+                        let _ = store.put_liveness(&node, unix_ms()).await;
+                    } else {
+                        tracing::error!(step = "lease_expired", node = %node, "membership lease expired");
+                    }
+                }
+                None => {
+                    // The stream broke (etcd unreachable?): reopen, and ask etcd
+                    // directly whether the lease still exists (etcd-client reports an
+                    // expired lease on the stream only as a string).
+                    stream = store.keep_alive(lease).await.ok();
+                    if let Ok(left) = store.lease_ttl(lease).await
+                        && left <= 0
+                    {
+                        tracing::error!(step = "lease_expired", node = %node, "membership lease expired");
+                        let _ = tx.send((Instant::now(), 0));
+                    }
+                }
+            }
+        }
+    });
+    (task, rx)
 }
 
 impl std::fmt::Debug for Agent {
@@ -212,21 +279,21 @@ impl Agent {
             None => None,
         };
         let lease = store.grant(cfg.ttl).await?;
+        let granted_at = Instant::now();
+        let (keepalive, renewals) =
+            spawn_keepalive(store.clone(), cfg.node.clone(), lease, cfg.ttl);
         let t0 = Instant::now();
         let joined = loop {
             if let Some(j) = store.join(&cfg.node, &cfg.instance, lease).await? {
                 break j;
             }
             if t0.elapsed() > cfg.join_timeout {
+                keepalive.abort();
                 let _ = store.revoke(lease).await;
                 return Err(AgentError::JoinRefused {
                     node: cfg.node.clone(),
                     waited: t0.elapsed(),
                 });
-            }
-            // Keep our own fresh lease alive while we wait.
-            if let Ok((mut k, _s)) = store.keep_alive(lease).await {
-                let _ = k.keep_alive().await;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         };
@@ -242,6 +309,9 @@ impl Agent {
             lease,
             arenas: Vec::new(),
             watchdog,
+            granted_at,
+            renewals,
+            keepalive,
         };
         agent.unfence().await?;
         agent.claim_arenas().await?;
@@ -383,9 +453,8 @@ impl Agent {
     /// Keeps the lease alive, checks the device, and self-fences when needed, until
     /// `leave` completes (SIGTERM / `fenced leave`), then leaves.
     pub async fn run(mut self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
-        let mut watchdog = Watchdog::new(self.cfg.self_fence_margin, Instant::now());
-        let mut keepalive = self.store.keep_alive(self.lease).await.ok();
-        let mut tick_ka = tokio::time::interval((self.cfg.ttl / 3).max(Duration::from_millis(200)));
+        let mut watchdog = Watchdog::new(self.cfg.self_fence_margin, self.granted_at);
+        let mut renewals = self.renewals.clone();
         let mut tick_wd = tokio::time::interval(Duration::from_millis(100));
         let mut tick_dev = tokio::time::interval(self.cfg.device_check_interval);
         let conflict = self.gate.conflict.clone();
@@ -396,34 +465,10 @@ impl Agent {
                 _ = conflict.notified() => {
                     return self.self_fence("a write failed with a reservation conflict: this node was fenced".into());
                 }
-                _ = tick_ka.tick() => {
-                    let ok = match &mut keepalive {
-                        Some((keeper, stream)) => match keeper.keep_alive().await {
-                            Ok(()) => match tokio::time::timeout(self.cfg.ttl / 3, stream.message()).await {
-                                Ok(Ok(Some(resp))) => {
-                                    watchdog.on_keepalive(resp.ttl(), Instant::now());
-                                    if resp.ttl() > 0 {
-                                        let _ = self.store.put_liveness(&self.cfg.node, unix_ms()).await;
-                                    }
-                                    if resp.ttl() <= 0 {
-                                        tracing::error!(step = "lease_expired", node = %self.cfg.node, "membership lease expired");
-                                    }
-                                    true
-                                }
-                                _ => false,
-                            },
-                            Err(_) => false,
-                        },
-                        None => false,
-                    };
-                    if !ok {
-                        // The stream broke (etcd unreachable): reopen, and ask etcd
-                        // directly whether the lease still exists.
-                        keepalive = self.store.keep_alive(self.lease).await.ok();
-                        if let Ok(ttl) = self.store.lease_ttl(self.lease).await && ttl <= 0 {
-                            watchdog.on_keepalive(0, Instant::now());
-                            tracing::error!(step = "lease_expired", node = %self.cfg.node, "membership lease expired");
-                        }
+                changed = renewals.changed() => {
+                    if changed.is_ok() {
+                        let (at, left) = *renewals.borrow_and_update();
+                        watchdog.on_keepalive(left, at);
                     }
                 }
                 _ = tick_wd.tick() => {

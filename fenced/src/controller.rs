@@ -14,6 +14,7 @@ use crate::core::{
     ClaimOutcome, FenceAction, FenceRun, FenceState, Trigger, Victim, honour_departure, plan_sweep,
 };
 use crate::fencer::Fencer;
+use crate::node::NodeId;
 use crate::store::{ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError};
 
 /// Controller settings.
@@ -29,6 +30,9 @@ pub struct ControllerConfig {
     /// Start the membership watch from this revision instead of "now" (a controller
     /// resuming after downtime).
     pub watch_from: Option<i64>,
+    /// The node this controller runs on: never fenced by itself (its own agent
+    /// self-fences when it loses membership; the peers fence it).
+    pub own_node: Option<NodeId>,
 }
 
 impl ControllerConfig {
@@ -39,6 +43,7 @@ impl ControllerConfig {
             sweep_interval: Duration::from_secs(30),
             sweep_on_start: true,
             watch_from: None,
+            own_node: None,
         }
     }
 }
@@ -238,6 +243,10 @@ impl Controller {
                     let Some(node) = keys.node_of(&keys.membership_prefix(), kv.key()) else {
                         continue;
                     };
+                    if self.cfg.own_node.as_ref() == Some(&node) {
+                        tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: left to the agent (self-fence) and the peers");
+                        continue;
+                    }
                     let instance = ev
                         .prev_kv()
                         .map(|p| String::from_utf8_lossy(p.value()).into_owned())
@@ -273,6 +282,9 @@ impl Controller {
         }
         let mut set = JoinSet::new();
         for owed in plan.fence {
+            if self.cfg.own_node.as_ref() == Some(&owed.victim.node) {
+                continue;
+            }
             let this = self.clone();
             tracing::info!(step = "sweep", node = %owed.victim.node, reason = %owed.reason, "fence owed");
             set.spawn(async move {

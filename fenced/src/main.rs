@@ -349,6 +349,7 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
     }
     let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
     ccfg.sweep_interval = sweep;
+    ccfg.own_node = Some(node.clone());
     let controller = Controller::new(store, fencer, ccfg).spawn();
     tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let leave = async {

@@ -145,7 +145,7 @@ fn wait(what: &str, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !f() {
         assert!(
-            t0.elapsed() < Duration::from_secs(30),
+            t0.elapsed() < Duration::from_secs(60),
             "timed out waiting for {what}"
         );
         std::thread::sleep(Duration::from_millis(100));

@@ -440,17 +440,24 @@ async fn fenced_agent_self_fences_and_its_metadata_writes_are_refused() {
     let c = Cluster::new();
     let store = c.store().await;
     let d1 = c.daemon("n1", 0).await;
-    let a2 = c.agent("n2", 0).await;
-    let guard: GenerationGuard = a2.guard.clone();
+    let mut d2 = c.daemon("n2", 0).await;
+    let guard: GenerationGuard = d2.agent.guard.clone();
+    let (lease2, gate2) = (d2.agent.lease, d2.agent.gate.clone());
     // n2's lease is lost while its process keeps running (a partition that heals).
-    store.revoke(a2.lease).await.unwrap();
+    store.revoke(lease2).await.unwrap();
     wait_until("n2 fenced", WAIT, || async {
         generation(&store, "n2").await == 1
     })
     .await;
-    let exit = tokio::time::timeout(WAIT, a2.task).await.unwrap().unwrap();
+    let task = &d2.agent.task;
+    wait_until("n2's agent stops", WAIT, || async { task.is_finished() }).await;
+    // Its own controller never tried to fence its own node: the peer did.
+    assert_eq!(d2.controller.stats().failed.load(Ordering::Relaxed), 0);
+    assert_eq!(d2.controller.stats().fenced.load(Ordering::Relaxed), 0);
+    d2.ctl_task.abort();
+    let exit = (&mut d2.agent.task).await.unwrap();
     assert!(matches!(exit, AgentExit::SelfFenced { .. }), "{exit:?}");
-    assert!(a2.gate.is_fenced());
+    assert!(gate2.is_fenced());
     assert!(!device::can_write(&c.host("n2")));
     assert!(!registered(&c.host("n1"), "n2"), "never re-registered");
     // Its late metadata transaction is refused by the generation guard.

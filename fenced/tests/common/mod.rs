@@ -123,9 +123,9 @@ impl Cluster {
     /// An agent plus a controller fencing with its host's NVMe handle: one daemon.
     pub async fn daemon(&self, n: &str, arenas: usize) -> Daemon {
         let agent = self.agent(n, arenas).await;
-        let (controller, ctl_task) = self
-            .controller(self.nvme_fencer(n), self.controller_cfg(n))
-            .await;
+        let mut cfg = self.controller_cfg(n);
+        cfg.own_node = Some(node(n));
+        let (controller, ctl_task) = self.controller(self.nvme_fencer(n), cfg).await;
         Daemon {
             agent,
             controller,
