@@ -37,6 +37,10 @@ enum FencerKind {
     Nvme,
     /// Single-signal: bump on lease expiry alone (no shared device to cut off).
     None,
+    /// Force-detach the shared EBS volume (`--ebs-volume-id`) and confirm with
+    /// DescribeVolumes (needs the `ebs` cargo feature). With `--fencer nvme` and a
+    /// volume id, EBS is the fallback level instead.
+    Ebs,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
@@ -148,6 +152,16 @@ struct RunArgs {
     /// Reservation Acquire action used to fence.
     #[arg(long, env = "FENCED_PREEMPT", value_enum)]
     preempt: Option<PreemptArg>,
+    /// EBS fencer: the shared volume (vol-...). Alone with `--fencer ebs` (the default
+    /// when there is no --block-device); after NVMe as the fallback level otherwise.
+    #[arg(long, env = "FENCED_EBS_VOLUME_ID")]
+    ebs_volume_id: Option<String>,
+    /// EBS fencer: the region (default: the standard AWS chain, e.g. AWS_REGION, IMDS).
+    #[arg(long, env = "FENCED_EBS_REGION")]
+    ebs_region: Option<String>,
+    /// EBS fencer: EC2 endpoint override (a VPC endpoint, a test peer).
+    #[arg(long, env = "FENCED_EBS_ENDPOINT_URL")]
+    ebs_endpoint_url: Option<String>,
     /// Membership lease TTL in seconds.
     #[arg(long, env = "FENCED_TTL_SECS")]
     ttl_secs: Option<u64>,
@@ -191,6 +205,9 @@ struct FileConfig {
     block_device: Option<PathBuf>,
     fencer: Option<FencerKind>,
     preempt: Option<PreemptArg>,
+    ebs_volume_id: Option<String>,
+    ebs_region: Option<String>,
+    ebs_endpoint_url: Option<String>,
     ttl_secs: Option<u64>,
     self_fence_margin_secs: Option<u64>,
     claim_ttl_secs: Option<u64>,
@@ -279,6 +296,65 @@ fn open_device(path: &Path) -> Result<Device, String> {
     Ok(Arc::new(ns))
 }
 
+/// The EBS fencer's settings (flags, env or config file).
+#[derive(Debug)]
+struct EbsArgs {
+    volume_id: Option<String>,
+    region: Option<String>,
+    endpoint_url: Option<String>,
+}
+
+/// The daemon's fencer: NVMe, EBS alone, NVMe then EBS (fencing levels: EBS only when
+/// the NVMe fence cannot be confirmed), or single-signal. See docs/ebs.md.
+#[cfg(feature = "ebs")]
+async fn with_ebs(
+    kind: FencerKind,
+    nvme: Option<Arc<dyn Fencer>>,
+    ebs: EbsArgs,
+    claim_ttl: Duration,
+) -> Result<Arc<dyn Fencer>, String> {
+    let Some(volume_id) = ebs.volume_id else {
+        if kind == FencerKind::Ebs {
+            return Err("--fencer ebs needs --ebs-volume-id".into());
+        }
+        return Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)));
+    };
+    if kind == FencerKind::None {
+        return Err(
+            "--ebs-volume-id given with --fencer none (single-signal): drop one of them".into(),
+        );
+    }
+    let mut cfg = fenced::ebs::EbsConfig::new(volume_id);
+    cfg.region = ebs.region;
+    cfg.endpoint_url = ebs.endpoint_url;
+    let ebs: Arc<dyn Fencer> = Arc::new(
+        fenced::ebs::EbsFencer::connect(&cfg, claim_ttl)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    Ok(match nvme {
+        Some(nvme) => Arc::new(fenced::ebs::FencingLevels::new(vec![nvme, ebs])),
+        None => ebs,
+    })
+}
+
+/// Without the `ebs` feature: NVMe or single-signal; EBS settings are refused.
+#[cfg(not(feature = "ebs"))]
+async fn with_ebs(
+    kind: FencerKind,
+    nvme: Option<Arc<dyn Fencer>>,
+    ebs: EbsArgs,
+    _claim_ttl: Duration,
+) -> Result<Arc<dyn Fencer>, String> {
+    if kind == FencerKind::Ebs || ebs.volume_id.is_some() {
+        return Err(
+            "this fenced was built without the EBS fencer: rebuild with `--features ebs`".into(),
+        );
+    }
+    let _ = (ebs.region, ebs.endpoint_url);
+    Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
+}
+
 async fn run(args: RunArgs) -> Result<ExitCode, String> {
     let file = load_config(args.etcd.config.as_deref())?;
     init_logging(args.log_json);
@@ -296,7 +372,18 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
         .root
         .or(file.root)
         .unwrap_or_else(|| "/fenced/".to_owned());
-    let fencer_kind = args.fencer.or(file.fencer).unwrap_or(FencerKind::Nvme);
+    let ebs = EbsArgs {
+        volume_id: args.ebs_volume_id.or(file.ebs_volume_id),
+        region: args.ebs_region.or(file.ebs_region),
+        endpoint_url: args.ebs_endpoint_url.or(file.ebs_endpoint_url),
+    };
+    let ebs_only =
+        ebs.volume_id.is_some() && args.block_device.is_none() && file.block_device.is_none();
+    let fencer_kind = args.fencer.or(file.fencer).unwrap_or(if ebs_only {
+        FencerKind::Ebs
+    } else {
+        FencerKind::Nvme
+    });
     let preempt = match args.preempt.or(file.preempt) {
         Some(PreemptArg::Preempt) => PreemptMode::Preempt,
         _ => PreemptMode::PreemptAndAbort,
@@ -310,6 +397,9 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
     let sweep = Duration::from_secs(args.sweep_secs.or(file.sweep_secs).unwrap_or(30));
     let block_device = args.block_device.or(file.block_device);
     let device = match (fencer_kind, &block_device) {
+        // EBS alone severs by detaching the volume: no reservation device is needed
+        // (gp3 and older io2 attachments have none).
+        (FencerKind::Ebs, _) => None,
         (FencerKind::Nvme, None) => {
             return Err("--fencer nvme needs --block-device (or use --fencer none for single-signal fencing)".into());
         }
@@ -331,10 +421,11 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
             .await
             .map_err(|e| e.to_string())?;
     }
-    let fencer: Arc<dyn Fencer> = match (fencer_kind, &device) {
-        (FencerKind::Nvme, Some(d)) => Arc::new(NvmeFencer::new(d.clone(), own_key, preempt)),
-        _ => Arc::new(NoneFencer),
+    let nvme: Option<Arc<dyn Fencer>> = match (fencer_kind, &device) {
+        (FencerKind::Nvme, Some(d)) => Some(Arc::new(NvmeFencer::new(d.clone(), own_key, preempt))),
+        _ => None,
     };
+    let fencer = with_ebs(fencer_kind, nvme, ebs, claim_ttl).await?;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     cfg.ttl = ttl;
     cfg.self_fence_margin = margin;
