@@ -41,15 +41,13 @@ say "etcd healthy (pid $ETCD)"
 n=1
 for dev in $A $B $C; do
   fenced run --node-id n$n --instance-id guest-n$n --block-device "$dev" --fencer nvme \
-    --etcd-endpoints $EP --root $ROOT --ttl-secs 3 --sweep-secs 3 --claim-ttl-secs 30 \
+    --etcd-endpoints $EP --root $ROOT --ttl-secs 5 --sweep-secs 3 --claim-ttl-secs 30 \
     --seed-arenas a1,a2,a3 --arenas 1 --pid-file /tmp/n$n.pid >/tmp/n$n.log 2>&1 &
   eval "PID$n=$!"
   n=$((n + 1))
 done
 three() { [ "$(members | wc -w)" = 3 ]; }
-sleep 2
-for f in /tmp/n1.log /tmp/n2.log /tmp/n3.log; do echo "--- $f"; tail -n 5 "$f"; done
-until_ 90 "three members" three
+until_ 120 "three members" three
 say "three members: $(members)"
 fenced status --etcd-endpoints $EP --root $ROOT
 report "$A"
