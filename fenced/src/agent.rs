@@ -12,7 +12,7 @@ use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, Re
 use tokio::sync::Notify;
 
 use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
-use crate::fencer::{Device, key_registered};
+use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
 use crate::store::{EtcdStore, Joined, StoreError};
@@ -353,7 +353,7 @@ impl Agent {
             if now.rtype == ReservationType::NONE {
                 let r = device.acquire(&Acquire {
                     racqa: AcquireAction::Acquire,
-                    rtype: ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                    rtype: RESERVATION_TYPE,
                     crkey: key,
                     prkey: Key(0),
                     iekey: false,
@@ -491,7 +491,7 @@ impl Agent {
                             if v == DeviceVerdict::Acquire {
                                 device.acquire(&Acquire {
                                     racqa: AcquireAction::Acquire,
-                                    rtype: ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                                    rtype: RESERVATION_TYPE,
                                     crkey: key,
                                     prkey: Key(0),
                                     iekey: false,
@@ -506,7 +506,7 @@ impl Agent {
                                     "our reservation key {:#x} was preempted", key.0
                                 ));
                             }
-                            Ok(DeviceVerdict::Acquire) => tracing::info!(node = %self.cfg.node, "no reservation held: acquired Write Exclusive - Registrants Only"),
+                            Ok(DeviceVerdict::Acquire) => tracing::info!(node = %self.cfg.node, "no reservation held: acquired Write Exclusive - All Registrants"),
                             Ok(DeviceVerdict::Ok) => {}
                             Err(e) => tracing::warn!(node = %self.cfg.node, error = %e, "reservation report failed"),
                         }

