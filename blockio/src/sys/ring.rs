@@ -349,9 +349,8 @@ impl Ring {
             let res = s.injected.take().unwrap_or(res);
             let outcome = match step(s.op, s.offset, s.len, s.done, &mut s.again, self.align, res) {
                 Step::Done => Ok(()),
-                Step::Continue { done } if s.op == Op::Write && self.fence.is_fenced() => {
+                Step::Continue { .. } if s.op == Op::Write && self.fence.is_fenced() => {
                     // The rest of this write would be a new submission after the fence.
-                    let _ = done;
                     Err(Error::ReservationConflict {
                         offset: s.offset,
                         len: s.len,
@@ -359,10 +358,17 @@ impl Ring {
                 }
                 Step::Continue { done } => {
                     s.done = done;
-                    self.push(idx)?;
-                    continue;
+                    match self.push(idx) {
+                        Ok(()) => continue,
+                        // The rest never reached the ring: finish the request with the
+                        // error, or it would be waited for forever.
+                        Err(e) => Err(e),
+                    }
                 }
                 Step::Fail(e) => Err(e),
+            };
+            let Some(s) = self.slots[idx].as_mut() else {
+                unreachable!("slot checked above")
             };
             if let Err(Error::ReservationConflict { offset, len }) = &outcome {
                 self.fence.set(*offset, *len);
