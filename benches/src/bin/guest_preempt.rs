@@ -95,6 +95,43 @@ mod sys {
         }
     }
 
+    /// The floor: preempt + report as two bare ioctls. Panics on a non-zero return.
+    pub fn raw_once(
+        fd: std::os::fd::BorrowedFd<'_>,
+        nsid: u32,
+        racqa: u8,
+        crkey: u64,
+        prkey: u64,
+        report: &mut [u8; super::REPORT_LEN],
+    ) {
+        let mut data = [0u8; 16];
+        data[..8].copy_from_slice(&crkey.to_le_bytes());
+        data[8..].copy_from_slice(&prkey.to_le_bytes());
+        let mut acq = NvmePassthruCmd {
+            opcode: 0x11,
+            nsid,
+            addr: data.as_mut_ptr() as u64,
+            data_len: 16,
+            cdw10: u32::from(racqa) | (u32::from(super::RTYPE.0) << 8),
+            ..Default::default()
+        };
+        // SAFETY: `addr` points to `data`, 16 bytes, live across the call.
+        let r = unsafe { io_cmd(fd, &mut acq) };
+        assert_eq!(r, 0, "raw acquire returned {r:#x}");
+        let mut rep = NvmePassthruCmd {
+            opcode: 0x0e,
+            nsid,
+            addr: report.as_mut_ptr() as u64,
+            data_len: super::REPORT_LEN as u32,
+            cdw10: (super::REPORT_LEN / 4 - 1) as u32,
+            cdw11: 1, // EDS: extended data structure
+            ..Default::default()
+        };
+        // SAFETY: `addr` points to `report`, super::REPORT_LEN bytes, live across the call.
+        let r = unsafe { io_cmd(fd, &mut rep) };
+        assert_eq!(r, 0, "raw report returned {r:#x}");
+    }
+
     #[cfg(test)]
     mod tests {
         #[test]
@@ -107,43 +144,6 @@ mod sys {
 
 const RTYPE: ReservationType = ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
 const REPORT_LEN: usize = 4096;
-
-/// The floor: preempt + report as two bare ioctls. Panics on a non-zero return.
-fn raw_once(
-    fd: std::os::fd::BorrowedFd<'_>,
-    nsid: u32,
-    racqa: u8,
-    crkey: Key,
-    prkey: Key,
-    report: &mut [u8; REPORT_LEN],
-) {
-    let mut data = [0u8; 16];
-    data[..8].copy_from_slice(&crkey.0.to_le_bytes());
-    data[8..].copy_from_slice(&prkey.0.to_le_bytes());
-    let mut acq = sys::NvmePassthruCmd {
-        opcode: 0x11,
-        nsid,
-        addr: data.as_mut_ptr() as u64,
-        data_len: 16,
-        cdw10: u32::from(racqa) | (u32::from(RTYPE.0) << 8),
-        ..Default::default()
-    };
-    // SAFETY: `addr` points to `data`, 16 bytes, live across the call.
-    let r = unsafe { sys::io_cmd(fd, &mut acq) };
-    assert_eq!(r, 0, "raw acquire returned {r:#x}");
-    let mut rep = sys::NvmePassthruCmd {
-        opcode: 0x0e,
-        nsid,
-        addr: report.as_mut_ptr() as u64,
-        data_len: REPORT_LEN as u32,
-        cdw10: (REPORT_LEN / 4 - 1) as u32,
-        cdw11: 1, // EDS: extended data structure
-        ..Default::default()
-    };
-    // SAFETY: `addr` points to `report`, REPORT_LEN bytes, live across the call.
-    let r = unsafe { sys::io_cmd(fd, &mut rep) };
-    assert_eq!(r, 0, "raw report returned {r:#x}");
-}
 
 fn lib_once(ns: &Namespace, racqa: AcquireAction, crkey: Key, prkey: Key) {
     let cmd = match racqa {
@@ -241,7 +241,7 @@ fn main() {
         for i in 0..iters + warmup {
             restore();
             let t = Instant::now();
-            raw_once(bfd, nsid, racqa, kb, ka, &mut report);
+            sys::raw_once(bfd, nsid, racqa, kb.0, ka.0, &mut report);
             let d = t.elapsed();
             assert!(
                 !b.report().expect("check").is_registered(ka),
