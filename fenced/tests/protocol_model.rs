@@ -1,0 +1,547 @@
+//! A stateright model of the fencing protocol (issue 8, DESIGN.md invariants 1–5).
+//!
+//! The model is the protocol of `fenced/src` (store.rs transactions, controller.rs
+//! driver, core.rs decisions, agent.rs start/run/leave) reduced to what decides
+//! safety: which etcd keys exist, which keys the device holds, which I/O gates are open.
+//! Everything runs exhaustively (BFS) from one initial state:
+//!
+//! - 2 nodes, 2 controllers, 1 arena. `n0` is starting (joined, registered, about to
+//!   `claim_arena`); `n1` is active and owns and writes `a0`. Both are known (`gen/`).
+//! - etcd is linearizable: every transaction of store.rs is one atomic model step.
+//!   Revisions are modelled only where the code compares them: `mod_revision` of
+//!   `fence_pending`/`fence_done`/`departed` (the sweep's `recheck_intent`) and the
+//!   claim's `create_revision` (the finishing transaction) are per-key stamps that
+//!   change on every write and read 0 when absent, exactly as etcd compares them.
+//!   `gen/` is compared by value (it only moves by +1 bumps, so value = revision).
+//! - Leases: `membership/<node>` disappears by `lease_expired` (any time, budgeted);
+//!   `fence_claim/<node>` disappears by `claim lease expired` — freely once its run is
+//!   gone (time passes), and under a live run only as a budgeted fault (the TTL
+//!   assumption broken), which the finishing transaction's claim compare must survive.
+//! - The membership watch is a per-controller queue of DELETEs. Faults:
+//!   `watch_compacted` loses the next event (compacted resume: "restart from now"),
+//!   `watch_resume` re-delivers it (resume from an older revision). A crashed controller
+//!   loses its queue and its runs; a restarted one watches from now. `sweep` is always
+//!   enabled and is the authoritative path.
+//! - A controller runs at most one fence per victim at a time (a second concurrent run
+//!   of the same controller is the same interleaving as the other controller's run; a
+//!   DELETE for a victim with a run in flight waits in the queue).
+//! - `crash at any step`: `c*: crash` between any two steps, and `step failed` (an etcd
+//!   error or a fail point) ends one run after whatever it already wrote.
+//! - The Fencer: NVMe (`sever` preempts; a budgeted fault keeps the key as if the
+//!   preempt "succeeded" without effect; `verify` re-reads the report) or none
+//!   (single-signal: no severance, arenas never released).
+//! - A node "can write" arena `a` when its I/O gate is open, it uses `a`, and the device
+//!   holds its key. Self-fencing is possible (lease lost, key preempted) but never
+//!   forced: a hung node that keeps writing is the case the protocol exists for.
+//! - Agents die only by `self_fence` or leaving; a crash of the agent process is the
+//!   same as a `self_fence` after its lease expired. Fresh starts are budgeted.
+//! - Not modelled: the audit record, the operator-attested fence, the EBS fencer (its
+//!   detach+poll is the same sever/verify pair), the agent unregistering its own key
+//!   (folded into `depart`), `drop_stale` as a separate transaction (it is guarded by
+//!   live membership and, with `join` deleting intent and mark, has nothing to drop).
+//!
+//! | model action | implementation step (FenceStep / agent / watch names) | where |
+//! |---|---|---|
+//! | `n: join` | `join` + `read_own_generation` (one txn: membership on lease, drops `fence_pending`, `fence_done`, `departed`; refused while claimed) | store.rs `join` |
+//! | `n: unfence` | `unfence` (register key, WERO if none) | agent.rs `unfence` |
+//! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent.rs `claim_arenas` |
+//! | `n: quiesce` | `quiesce` | agent.rs `leave` |
+//! | `n: release_own_arenas` | `release_own_arenas` | store.rs `release_arena` |
+//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store.rs `depart` |
+//! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent.rs `run` |
+//! | `etcd: lease_expired` | `lease_expired` | etcd |
+//! | `c: watch_delete` | `watch_delete` | controller.rs `watch_loop` |
+//! | `c: watch_compacted` | `watch_compacted` | controller.rs `watch_loop` |
+//! | `c: watch_resume` | `watch_resume` | controller.rs `watch_loop` |
+//! | `c: sweep` | `sweep` (+ `drop_stale`) | controller.rs `sweep_once`, core.rs `plan_sweep` |
+//! | `c: fence [record_intent, claim, recheck_intent?, read_generation]` | the claim txn | store.rs `claim` |
+//! | `c: fence [sever]` | `sever` | fencer.rs |
+//! | `c: fence [verify]` | `verify` | fencer.rs |
+//! | `c: fence [bump, mark_done, clear_intent, release_arenas?, release_claim]` | the finishing txn | store.rs `finish` |
+//! | `c: fence aborted [release_claim]` | abort txn (intent stays) | store.rs `abort` |
+//!
+//! Findings against the code at 9866c49 (each has a test below that makes the
+//! checker find it, and [`Protocol::SAFE`] has the fix):
+//! 1. The watch path's claim ignores `fence_done`: a DELETE processed after another
+//!    controller completed the fence re-fences and bumps twice (invariant 2).
+//! 2. `release_arena` is conditioned only on the owner: a node whose lease already
+//!    expired gives an arena back, another node claims it, and the pending fence's
+//!    finishing transaction frees it under the new owner (invariant 1).
+//! 3. `claim_arenas` adopts `owned_arenas` by a plain read: a node whose lease expired
+//!    between `join` and `unfence` registers after the fence verified, adopts its old
+//!    arena, and writes it after the fence released it (invariant 1).
+
+#[path = "protocol_model/model.rs"]
+mod model;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+use model::*;
+use stateright::{Checker, HasDiscoveries, Model};
+
+const NONE: Budget = Budget {
+    expiries: 1,
+    restarts: 0,
+    departures: 0,
+    crashes: 0,
+    step_errors: 0,
+    sever_failures: 0,
+    claim_expiries: 0,
+    watch_faults: 0,
+};
+
+fn cfg(protocol: Protocol, budget: Budget) -> Config {
+    Config {
+        fencer: FencerKind::Nvme,
+        protocol,
+        budget,
+        start_expired: false,
+    }
+}
+
+struct Outcome {
+    unique: usize,
+    total: usize,
+    elapsed: Duration,
+    discovered: HashSet<&'static str>,
+    model: ProtocolModel,
+}
+
+fn check(config: Config) -> Outcome {
+    let model = ProtocolModel { cfg: config };
+    let t = Instant::now();
+    let ch = model.clone().checker().spawn_bfs().join();
+    let elapsed = t.elapsed();
+    let discoveries = ch.discoveries();
+    for (name, path) in &discoveries {
+        if name.starts_with('I') || name.starts_with('L') {
+            eprintln!("VIOLATION {name}:");
+            for (_, a) in path.clone().into_vec() {
+                if let Some(a) = a {
+                    eprintln!("    {a}");
+                }
+            }
+        }
+    }
+    let out = Outcome {
+        unique: ch.unique_state_count(),
+        total: ch.state_count(),
+        elapsed,
+        discovered: discoveries.keys().copied().collect(),
+        model,
+    };
+    eprintln!(
+        "states: {} unique, {} generated, max depth {}, {:?}",
+        out.unique,
+        out.total,
+        ch.max_depth(),
+        out.elapsed
+    );
+    out
+}
+
+impl Outcome {
+    /// No `always`/`eventually` property has a counter-example, and each named
+    /// `sometimes` property has an example.
+    fn assert_safe(&self, sometimes: &[&str]) {
+        let violated: Vec<_> = self
+            .discovered
+            .iter()
+            .filter(|n| n.starts_with('I') || n.starts_with('L'))
+            .collect();
+        assert!(violated.is_empty(), "violated: {violated:?}");
+        for s in sometimes {
+            assert!(self.discovered.contains(s), "never reached: {s}");
+        }
+        // Every safety property was evaluated in this configuration.
+        let names: Vec<_> = self.model.properties().iter().map(|p| p.name).collect();
+        for inv in [
+            I1_ARENA,
+            I2_ONCE,
+            I2_MONOTONIC,
+            I4_NO_SELF_EXEMPTION,
+            I5_UNCONFIRMED,
+        ] {
+            assert!(names.contains(&inv));
+        }
+    }
+}
+
+/// The first counter-example of `property` (BFS: a shortest one), or `None`.
+fn find(config: Config, property: &'static str) -> Option<Vec<String>> {
+    let model = ProtocolModel { cfg: config };
+    let ch = model
+        .checker()
+        .finish_when(HasDiscoveries::AnyOf([property].into_iter().collect()))
+        .spawn_bfs()
+        .join();
+    let path = ch.discovery(property)?;
+    let steps: Vec<String> = path
+        .into_vec()
+        .into_iter()
+        .filter_map(|(_, a)| a.map(|a| a.to_string()))
+        .collect();
+    eprintln!("counter-example for {property:?}:");
+    for s in &steps {
+        eprintln!("    {s}");
+    }
+    Some(steps)
+}
+
+// ---------------------------------------------------------------- the safe protocol
+
+#[test]
+fn safe_under_controller_crash_sever_failure_and_watch_faults() {
+    let o = check(cfg(
+        Protocol::SAFE,
+        Budget {
+            crashes: 1,
+            sever_failures: 1,
+            watch_faults: 1,
+            ..NONE
+        },
+    ));
+    o.assert_safe(&[
+        S_FENCED,
+        S_CRASH_RECOVERED,
+        S_ABORTED_THEN_FENCED,
+        S_LOST_EVENT,
+        S_STALE_SNAPSHOT,
+        S_ARENA_REASSIGNED,
+    ]);
+    assert_eq!(
+        (o.unique, o.total),
+        (58_694, 200_833),
+        "state count changed"
+    );
+}
+
+#[test]
+fn safe_under_step_errors_claim_expiry_and_rejoin() {
+    let o = check(cfg(
+        Protocol::SAFE,
+        Budget {
+            restarts: 1,
+            step_errors: 1,
+            claim_expiries: 1,
+            ..NONE
+        },
+    ));
+    o.assert_safe(&[S_FENCED, S_CLAIM_LOST, S_JOIN_DROPS_INTENT]);
+    assert_eq!(
+        (o.unique, o.total),
+        (66_693, 215_535),
+        "state count changed"
+    );
+}
+
+#[test]
+fn safe_under_departure_and_rejoin() {
+    let o = check(cfg(
+        Protocol::SAFE,
+        Budget {
+            restarts: 1,
+            departures: 1,
+            ..NONE
+        },
+    ));
+    o.assert_safe(&[S_FENCED, S_HONOURED, S_DEPART_REFUSED, S_ARENA_REASSIGNED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (81_774, 299_655),
+        "state count changed"
+    );
+}
+
+#[test]
+fn safe_under_two_expiries() {
+    let o = check(cfg(
+        Protocol::SAFE,
+        Budget {
+            expiries: 2,
+            ..NONE
+        },
+    ));
+    o.assert_safe(&[S_FENCED, S_ARENA_REASSIGNED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (44_143, 206_587),
+        "state count changed"
+    );
+}
+
+#[test]
+fn single_signal_mode_never_releases_arenas() {
+    let o = check(Config {
+        fencer: FencerKind::None,
+        ..cfg(
+            Protocol::SAFE,
+            Budget {
+                restarts: 1,
+                crashes: 1,
+                ..NONE
+            },
+        )
+    });
+    o.assert_safe(&[S_FENCED]);
+    assert!(!o.discovered.contains(S_ARENA_REASSIGNED));
+    assert_eq!((o.unique, o.total), (4_853, 15_170), "state count changed");
+}
+
+// ---------------------------------------------------------------- liveness
+
+/// Invariant 3. `n1` starts expired and still writing `a0`, its DELETE queued on both
+/// watches. stateright's `eventually` is checked on paths to terminal states only
+/// (a path closing a cycle or joining a visited state is not reported), so the same
+/// property is also checked on the explicit state graph: every terminal state has no
+/// owed fence, and from every reachable state a state with no owed fence is reachable
+/// (no trap, under weak fairness of the controllers' steps).
+#[test]
+fn expired_node_is_eventually_fenced() {
+    let config = Config {
+        start_expired: true,
+        ..cfg(
+            Protocol::SAFE,
+            Budget {
+                expiries: 0,
+                restarts: 1,
+                crashes: 1,
+                sever_failures: 1,
+                watch_faults: 1,
+                ..NONE
+            },
+        )
+    };
+    let o = check(config.clone());
+    o.assert_safe(&[S_FENCED, S_CRASH_RECOVERED, S_ABORTED_THEN_FENCED]);
+    assert!(o.model.properties().iter().any(|p| p.name == L3_FENCED));
+
+    let g = graph_check(&ProtocolModel { cfg: config });
+    eprintln!(
+        "graph: {} states, {} terminal, {} settled",
+        g.states, g.terminal, g.settled
+    );
+    assert_eq!(g.states, o.unique);
+    assert!(g.terminal > 0);
+    assert_eq!(g.terminal_owed, 0, "a terminal state still owes a fence");
+    assert_eq!(g.trapped, 0, "states from which no fence can complete");
+}
+
+struct Graph {
+    states: usize,
+    terminal: usize,
+    terminal_owed: usize,
+    settled: usize,
+    trapped: usize,
+}
+
+fn graph_check(m: &ProtocolModel) -> Graph {
+    let owed = |s: &State| s.ghost.iter().any(|g| g.owed);
+    let mut index: HashMap<State, usize> = HashMap::new();
+    let mut states: Vec<State> = Vec::new();
+    let mut succ: Vec<Vec<usize>> = Vec::new();
+    let mut queue = VecDeque::new();
+    for s in m.init_states() {
+        index.insert(s.clone(), 0);
+        states.push(s);
+        succ.push(Vec::new());
+        queue.push_back(0);
+    }
+    let mut actions = Vec::new();
+    while let Some(i) = queue.pop_front() {
+        let s = states[i].clone();
+        actions.clear();
+        m.actions(&s, &mut actions);
+        let mut next = Vec::new();
+        for a in actions.drain(..) {
+            if let Some(t) = m.next_state(&s, a) {
+                let j = match index.get(&t) {
+                    Some(&j) => j,
+                    None => {
+                        let j = states.len();
+                        index.insert(t.clone(), j);
+                        states.push(t);
+                        succ.push(Vec::new());
+                        queue.push_back(j);
+                        j
+                    }
+                };
+                next.push(j);
+            }
+        }
+        succ[i] = next;
+    }
+    // Backward reachability from settled states.
+    let mut pred: Vec<Vec<usize>> = vec![Vec::new(); states.len()];
+    for (i, ns) in succ.iter().enumerate() {
+        for &j in ns {
+            pred[j].push(i);
+        }
+    }
+    let mut good = vec![false; states.len()];
+    let mut work: Vec<usize> = (0..states.len()).filter(|&i| !owed(&states[i])).collect();
+    let settled = work.len();
+    for &i in &work {
+        good[i] = true;
+    }
+    while let Some(j) = work.pop() {
+        for &i in &pred[j] {
+            if !good[i] {
+                good[i] = true;
+                work.push(i);
+            }
+        }
+    }
+    let terminal: Vec<usize> = (0..states.len()).filter(|&i| succ[i].is_empty()).collect();
+    Graph {
+        states: states.len(),
+        terminal: terminal.len(),
+        terminal_owed: terminal.iter().filter(|&&i| owed(&states[i])).count(),
+        settled,
+        trapped: good.iter().filter(|g| !**g).count(),
+    }
+}
+
+// ---------------------------------------------------------------- broken variants
+
+/// The seed's counter-example (specs/FencingDepartureNotQuiescent.cfg): a node that
+/// gives its arenas back and publishes its departure before it quiesces. The arena
+/// returns to the free pool while its previous owner can still write to it.
+#[test]
+fn departure_before_quiescence_is_caught() {
+    let broken = Protocol {
+        depart_before_quiesce: true,
+        ..Protocol::SAFE
+    };
+    let steps = find(
+        cfg(
+            broken,
+            Budget {
+                departures: 1,
+                ..NONE
+            },
+        ),
+        I1_ARENA,
+    )
+    .expect("the checker must find the arena violation");
+    assert!(steps.iter().any(|s| s.contains("release_own_arenas")));
+    assert!(!steps.iter().any(|s| s.contains("quiesce")), "{steps:?}");
+    // The correct order, same budget: no violation.
+    assert!(
+        find(
+            cfg(
+                Protocol::SAFE,
+                Budget {
+                    departures: 1,
+                    ..NONE
+                }
+            ),
+            I1_ARENA
+        )
+        .is_none()
+    );
+}
+
+/// A fence that bumps although `verify` found the key still registered.
+#[test]
+fn bump_without_confirmation_is_caught() {
+    let broken = Protocol {
+        bump_without_confirmation: true,
+        ..Protocol::SAFE
+    };
+    let budget = Budget {
+        sever_failures: 1,
+        ..NONE
+    };
+    let steps = find(cfg(broken, budget), I5_UNCONFIRMED).expect("I5 must be violated");
+    assert!(steps.iter().any(|s| s.contains("device keeps the key")));
+    // And the victim's arena goes to the free pool while the victim still writes it.
+    assert!(find(cfg(broken, budget), I1_ARENA).is_some());
+}
+
+/// A departure transaction not conditioned on live membership lets an expired node
+/// exempt itself.
+#[test]
+fn unconditioned_departure_is_caught() {
+    let broken = Protocol {
+        depart_unconditioned: true,
+        ..Protocol::SAFE
+    };
+    let steps = find(
+        cfg(
+            broken,
+            Budget {
+                departures: 1,
+                ..NONE
+            },
+        ),
+        I4_NO_SELF_EXEMPTION,
+    )
+    .expect("I4 must be violated");
+    let expiry = steps.iter().position(|s| s.contains("lease_expired"));
+    let depart = steps.iter().position(|s| s.contains("depart"));
+    assert!(expiry < depart, "{steps:?}");
+}
+
+/// Finding 1: the watch path's claim without the `fence_done` check bumps twice.
+#[test]
+fn watch_claim_ignoring_done_mark_double_bumps() {
+    let without = Protocol {
+        watch_claim_requires_not_done: false,
+        ..Protocol::SAFE
+    };
+    let steps = find(cfg(without, NONE), I2_ONCE).expect("double bump");
+    assert!(
+        steps.iter().filter(|s| s.contains("[bump")).count() >= 2,
+        "{steps:?}"
+    );
+    assert!(find(cfg(Protocol::SAFE, NONE), I2_ONCE).is_none());
+}
+
+/// Finding 2: an expired node's owner-only-conditioned `release_arena`, with the
+/// finishing transaction freeing the arenas it read at claim time.
+#[test]
+fn release_by_expired_node_lets_fence_free_a_reassigned_arena() {
+    let without = Protocol {
+        release_requires_live_membership: false,
+        ..Protocol::SAFE
+    };
+    let budget = Budget {
+        departures: 1,
+        ..NONE
+    };
+    let steps = find(cfg(without, budget), I1_ARENA).expect("arena violation");
+    assert!(steps.iter().any(|s| s.contains("release_own_arenas")));
+    // Either fix closes it: the finishing transaction re-checking the owner...
+    let finish_side = Protocol {
+        finish_frees_only_victims_arenas: true,
+        ..without
+    };
+    assert!(find(cfg(finish_side, budget), I1_ARENA).is_none());
+    // ... or the release conditioned on live membership (SAFE).
+    assert!(find(cfg(Protocol::SAFE, budget), I1_ARENA).is_none());
+}
+
+/// Finding 3: adopting recorded arenas by a plain read after a late `unfence`.
+#[test]
+fn adoption_by_plain_read_lets_a_fenced_instance_write() {
+    let without = Protocol {
+        adopt_requires_live_membership: false,
+        ..Protocol::SAFE
+    };
+    // n1 starts expired; it restarts, rejoins and expires again.
+    let config = |p| Config {
+        start_expired: true,
+        ..cfg(
+            p,
+            Budget {
+                restarts: 1,
+                ..NONE
+            },
+        )
+    };
+    let steps = find(config(without), I1_FENCED_NO_WRITE).expect("stale writer");
+    assert!(steps.iter().any(|s| s.contains("unfence")));
+    assert!(find(config(Protocol::SAFE), I1_FENCED_NO_WRITE).is_none());
+}
