@@ -312,7 +312,7 @@ async fn ebs_controller(
     let sdk = ebs_peer::sdk_config(&cfg).await;
     let f = EbsFencer::from_sdk_config(&cfg, &sdk, common::CLAIM_TTL).expect("ebs fencer");
     cluster
-        .controller("n2", Arc::new(f), cluster.controller_cfg("n2"))
+        .controller(Arc::new(f), cluster.controller_cfg("n2"))
         .await
 }
 
@@ -352,7 +352,11 @@ async fn lease_expiry_ebs_fence_bump() {
         async move { common::generation(&store, "n1").await == 1 }
     })
     .await;
-    eprintln!("lease expiry -> EBS fence -> bump: {:?} after the kill (TTL {:?})", t.elapsed(), common::TTL);
+    eprintln!(
+        "lease expiry -> EBS fence -> bump: {:?} after the kill (TTL {:?})",
+        t.elapsed(),
+        common::TTL
+    );
 
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     let n1 = common::node("n1");
@@ -363,7 +367,12 @@ async fn lease_expiry_ebs_fence_bump() {
     assert_eq!(last["fencer"], "ebs", "{last}");
     assert_eq!(last["fencer_result"], "confirmed", "{last}");
     assert_eq!(last["instance"], i1.as_str(), "{last}");
-    assert!(last["signals"].to_string().contains("DescribeVolumes lists no attachment"), "{last}");
+    assert!(
+        last["signals"]
+            .to_string()
+            .contains("DescribeVolumes lists no attachment"),
+        "{last}"
+    );
     assert_eq!(ctl.stats().fenced.load(Ordering::Relaxed), 1);
     task.abort();
 }
@@ -377,26 +386,38 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     let vol = ebs_peer::create_volume(&ec2).await;
     ebs_peer::attach(&ec2, &vol, &i1).await;
     let store = cluster.store().await;
-    store.add_free_arenas(&["arena-0".to_owned()]).await.unwrap();
+    store
+        .add_free_arenas(&["arena-0".to_owned()])
+        .await
+        .unwrap();
 
     let a1 = ebs_agent(&cluster, "n1", &i1).await;
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
     moto.stop();
     a1.kill();
-    common::wait_until("a failed EBS fence attempt", Duration::from_secs(30), || {
-        let failed = ctl.stats().failed.load(Ordering::Relaxed);
-        async move { failed >= 1 }
-    })
+    common::wait_until(
+        "a failed EBS fence attempt",
+        Duration::from_secs(30),
+        || {
+            let failed = ctl.stats().failed.load(Ordering::Relaxed);
+            async move { failed >= 1 }
+        },
+    )
     .await;
     // Not confirmed: no bump, the arena still recorded as n1's, the intent still owed.
     let n1 = common::node("n1");
     assert_eq!(common::generation(&store, "n1").await, 0);
     assert_eq!(store.owned_arenas(&n1).await.unwrap(), a1.arenas);
     let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(snap.pending.get(&n1).map(|p| p.0.as_str()), Some(i1.as_str()));
+    assert_eq!(
+        snap.pending.get(&n1).map(|p| p.0.as_str()),
+        Some(i1.as_str())
+    );
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
-        audit.iter().any(|r| r["fencer_result"].to_string().contains("not confirmed")),
+        audit
+            .iter()
+            .any(|r| r["fencer_result"].to_string().contains("not confirmed")),
         "{audit:?}"
     );
 
@@ -412,4 +433,126 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     let (snap, _) = store.sweep_snapshot().await.unwrap();
     assert!(!snap.pending.contains_key(&n1));
     task.abort();
+}
+
+// The `fenced` binary itself: two daemons configured with `--ebs-volume-id` (EBS alone,
+// as on gp3: no --block-device), a SIGKILLed one fenced by the other through moto.
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fenced_bin() -> std::process::Command {
+    std::process::Command::new(env!("CARGO_BIN_EXE_fenced"))
+}
+
+fn ebs_daemon(
+    etcd: &common::etcd::Etcd,
+    node: &str,
+    instance: &str,
+    vol: &str,
+    url: &str,
+    dir: &std::path::Path,
+) -> Child {
+    let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
+    Child(
+        fenced_bin()
+            .args([
+                "run",
+                "--node-id",
+                node,
+                "--root",
+                "/ebs-cli",
+                "--instance-id",
+                instance,
+            ])
+            .args(["--etcd-endpoints", &etcd.endpoint()])
+            .args(["--ttl-secs", "2", "--sweep-secs", "1"])
+            .args([
+                "--ebs-volume-id",
+                vol,
+                "--ebs-region",
+                "us-east-1",
+                "--ebs-endpoint-url",
+                url,
+            ])
+            // Static test credentials through the standard chain's environment
+            // provider; no instance metadata service on a test machine.
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env_remove("AWS_PROFILE")
+            .env("FENCED_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+fn cli_status(etcd: &common::etcd::Etcd) -> serde_json::Value {
+    let o = fenced_bin()
+        .args(["status", "-o", "json", "--root", "/ebs-cli"])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn cli_generation(s: &serde_json::Value, node: &str) -> Option<u64> {
+    s["generations"]
+        .as_array()?
+        .iter()
+        .find(|p| p[0] == node)
+        .and_then(|p| p[1].as_u64())
+}
+
+#[tokio::test]
+async fn daemons_fence_a_killed_peer_by_ebs_detach() {
+    let etcd = common::etcd::Etcd::start();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let i1 = ebs_peer::run_instance(&ec2).await;
+    let i2 = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut d1 = ebs_daemon(&etcd, "n1", &i1, &vol, &moto.url(), dir.path());
+    let _d2 = ebs_daemon(&etcd, "n2", &i2, &vol, &moto.url(), dir.path());
+    let wait = |what: &str, f: &dyn Fn(&serde_json::Value) -> bool| {
+        let t0 = Instant::now();
+        loop {
+            let s = cli_status(&etcd);
+            if f(&s) {
+                return s;
+            }
+            let logs: Vec<String> = ["n1", "n2"]
+                .iter()
+                .map(|n| {
+                    std::fs::read_to_string(dir.path().join(format!("{n}.log"))).unwrap_or_default()
+                })
+                .collect();
+            assert!(
+                t0.elapsed() < Duration::from_secs(60),
+                "timed out waiting for {what}: {s}\n{logs:#?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    wait("two members", &|s| {
+        s["members"].as_array().map_or(0, Vec::len) == 2
+    });
+    d1.0.kill().unwrap();
+    d1.0.wait().unwrap();
+    let s = wait("n1 fenced", &|s| cli_generation(s, "n1") == Some(1));
+    assert_eq!(s["owed"], serde_json::json!([]), "{s}");
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+    let log = std::fs::read_to_string(dir.path().join("n2.log")).unwrap();
+    assert!(log.contains("DescribeVolumes lists no attachment"), "{log}");
 }
