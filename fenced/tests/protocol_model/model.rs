@@ -310,8 +310,6 @@ pub mod seen {
     pub const STALE_SNAPSHOT_REFUSED: u16 = 1 << 6;
     /// A bump completed by a sweep after the watch lost the event.
     pub const LOST_EVENT_FENCED_BY_SWEEP: u16 = 1 << 7;
-    /// A fence released the victim's arena and another node took it.
-    pub const ARENA_REASSIGNED: u16 = 1 << 8;
 }
 
 /// Per-node ghost state (never read by the protocol, only by properties).
@@ -1044,8 +1042,8 @@ impl ProtocolModel {
                 t.etcd.done[v] = Some(next_ver(&mut t.etcd.ver[v]));
                 t.etcd.pending[v] = None;
                 if severed {
-                    for a in 0..A {
-                        if arenas[a]
+                    for (a, &listed) in arenas.iter().enumerate() {
+                        if listed
                             && (!p.finish_frees_only_victims_arenas
                                 || s.etcd.owner[a] == Some(v as u8))
                         {
