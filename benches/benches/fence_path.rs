@@ -207,6 +207,17 @@ async fn run(etcd: &Etcd, n: usize) {
         s.p50.as_secs_f64() * 1e3,
         s.p99.as_secs_f64() * 1e3
     );
+    println!(
+        "fence_path: fences counted by more than one controller: {multi_winners}; generation bumped more than once: {double_bumps}"
+    );
+    if double_bumps > 0 {
+        // A safety finding (invariant 2: each departure bumps exactly once), reported
+        // rather than asserted so the timing run completes; see benches/README.md.
+        println!(
+            "fence_path: WARNING: {double_bumps} of {} nodes had their generation bumped more than once",
+            lat.len()
+        );
+    }
     assert!(
         max_crit > 0,
         "the round-trip counter saw no critical-path request"
