@@ -251,11 +251,16 @@ impl Controller {
                         .prev_kv()
                         .map(|p| String::from_utf8_lossy(p.value()).into_owned())
                         .unwrap_or_default();
-                    tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = kv.mod_revision(), "membership DELETE");
+                    let deleted_rev = kv.mod_revision();
+                    tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = deleted_rev, "membership DELETE");
                     let this = self.clone();
                     fences.spawn(async move {
-                        this.fence(Victim { node, instance }, Trigger::Watch, ClaimGuard::Watch)
-                            .await;
+                        this.fence(
+                            Victim { node, instance },
+                            Trigger::Watch,
+                            ClaimGuard::Watch { deleted_rev },
+                        )
+                        .await;
                     });
                 }
                 while fences.try_join_next().is_some() {}
@@ -354,7 +359,11 @@ impl Controller {
         }
         .await;
         critical += self.store.round_trips() - rt0;
-        if let Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })) = &claimed {
+        if let (
+            Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })),
+            ClaimGuard::Watch { deleted_rev },
+        ) = (&claimed, guard)
+        {
             if honour_departure(*arenas) {
                 tracing::info!(step = "claim", node = %victim.node, "departure marker honoured: node owns no arena, not fenced");
             } else {
@@ -363,7 +372,7 @@ impl Controller {
                     arenas.map_or("unknown".to_owned(), |n| n.to_string())
                 ));
                 claimed = self
-                    .claim_with_retry(&victim, ClaimGuard::IgnoreDeparture)
+                    .claim_with_retry(&victim, ClaimGuard::IgnoreDeparture { deleted_rev })
                     .await;
             }
         }
@@ -373,6 +382,9 @@ impl Controller {
                 why: match r {
                     ClaimRefusal::Member => "node is a member again".to_owned(),
                     ClaimRefusal::Departed { .. } => "departed cleanly, owns no arena".to_owned(),
+                    ClaimRefusal::AlreadyFenced => {
+                        "already fenced: a fence mark was written after this DELETE".to_owned()
+                    }
                     ClaimRefusal::SnapshotAged => {
                         "sweep snapshot aged: fence completed elsewhere or state changed".to_owned()
                     }

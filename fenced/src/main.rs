@@ -680,7 +680,11 @@ async fn attest(
                 instance,
             },
             fenced::core::Trigger::Operator,
-            fenced::store::ClaimGuard::IgnoreDeparture,
+            // An attestation is its own trigger: there is no DELETE to anchor the
+            // fence-mark guard to, and the operator asked for this fence explicitly.
+            fenced::store::ClaimGuard::IgnoreDeparture {
+                deleted_rev: i64::MAX,
+            },
         )
         .await;
     match state {

@@ -122,11 +122,22 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// What the watch path's claim guards on besides the claim itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimGuard {
-    /// Watch path: membership absent and no departure marker.
-    Watch,
+    /// Watch path: membership absent, no departure marker, and no fence mark written
+    /// since the membership DELETE at `deleted_rev`. The last compare is what makes a
+    /// late or duplicated DELETE harmless: without it, a controller whose event
+    /// arrives after another controller finished (and released its claim) wins a
+    /// fresh claim and bumps the generation a second time for one departure.
+    Watch {
+        /// Revision of the membership DELETE this attempt acts on.
+        deleted_rev: i64,
+    },
     /// Watch path after a departure marker was found not honourable (the node still
-    /// owns arenas): membership absent, the marker ignored.
-    IgnoreDeparture,
+    /// owns arenas): membership absent, the marker ignored, same fence-mark guard.
+    IgnoreDeparture {
+        /// Revision of the membership DELETE this attempt acts on (`i64::MAX`: no
+        /// DELETE to anchor to, e.g. an operator's attestation).
+        deleted_rev: i64,
+    },
     /// Sweep path: membership absent and the snapshot unchanged (`recheck_intent`).
     Sweep(SnapshotGuard),
 }
@@ -144,6 +155,9 @@ pub enum ClaimRefusal {
     },
     /// The sweep's snapshot aged.
     SnapshotAged,
+    /// A fence mark was written after the DELETE this attempt acts on: that departure
+    /// is already fenced.
+    AlreadyFenced,
 }
 
 /// A claim transaction's full result.
@@ -393,9 +407,13 @@ impl EtcdStore {
         let n = &victim.node;
         let lease = self.take_claim_lease().await?;
         let mut when = vec![absent(k.claim(n)), absent(k.membership(n))];
+        let not_fenced_since = |rev: i64| Compare::mod_revision(k.done(n), CompareOp::Less, rev);
         match guard {
-            ClaimGuard::Watch => when.push(absent(k.departed(n))),
-            ClaimGuard::IgnoreDeparture => {}
+            ClaimGuard::Watch { deleted_rev } => {
+                when.push(absent(k.departed(n)));
+                when.push(not_fenced_since(deleted_rev));
+            }
+            ClaimGuard::IgnoreDeparture { deleted_rev } => when.push(not_fenced_since(deleted_rev)),
             ClaimGuard::Sweep(g) => {
                 when.push(Compare::mod_revision(
                     k.pending(n),
@@ -431,6 +449,7 @@ impl EtcdStore {
                 TxnOp::get(k.membership(n), None),
                 TxnOp::get(k.departed(n), None),
                 TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
+                TxnOp::get(k.done(n), None),
             ]);
         let resp = match self.txn("claim", txn).await {
             Ok(r) => r,
@@ -464,8 +483,18 @@ impl EtcdStore {
         if !kvs(&ops[1]).is_empty() {
             return Ok(ClaimResult::Refused(ClaimRefusal::Member));
         }
+        let fenced_since = |rev: i64| {
+            kvs(&ops[4])
+                .first()
+                .is_some_and(|kv| kv.mod_revision() >= rev)
+        };
         match guard {
             ClaimGuard::Sweep(_) => Ok(ClaimResult::Refused(ClaimRefusal::SnapshotAged)),
+            ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
+                if fenced_since(deleted_rev) =>
+            {
+                Ok(ClaimResult::Refused(ClaimRefusal::AlreadyFenced))
+            }
             _ if !kvs(&ops[2]).is_empty() => Ok(ClaimResult::Refused(ClaimRefusal::Departed {
                 arenas: Some(count(&ops[3]).max(kvs(&ops[3]).len())),
             })),
