@@ -15,7 +15,9 @@ use crate::core::{
 };
 use crate::fencer::Fencer;
 use crate::node::NodeId;
-use crate::store::{ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError};
+use crate::store::{
+    ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError, count_round_trips,
+};
 
 /// Controller settings.
 #[derive(Debug, Clone)]
@@ -341,7 +343,6 @@ impl Controller {
         trigger: Trigger,
         guard: ClaimGuard,
     ) -> FenceState {
-        let rt0 = self.store.round_trips();
         let mut critical = 0;
         let (mut run, _) = FenceRun::new(
             victim.clone(),
@@ -350,15 +351,15 @@ impl Controller {
             fencer.name(),
             Instant::now(),
         );
-        let mut claimed = async {
+        let (mut claimed, claim_rts) = count_round_trips(async {
             fail::fail_point!("fence::claim", |_| Err(StoreError::Malformed {
                 key: "fail point".into(),
                 what: "fence::claim".into()
             }));
             self.claim_with_retry(&victim, guard).await
-        }
+        })
         .await;
-        critical += self.store.round_trips() - rt0;
+        critical += claim_rts;
         if let (
             Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })),
             ClaimGuard::Watch { deleted_rev },
@@ -437,9 +438,8 @@ impl Controller {
                         )
                         .await
                 };
-                let rt1 = self.store.round_trips();
-                let r = bump.await;
-                critical += self.store.round_trips() - rt1;
+                let (r, finish_rts) = count_round_trips(bump).await;
+                critical += finish_rts;
                 run.on_finish(r.map_err(|e| e.to_string()));
                 self.stats
                     .last_fence_round_trips

@@ -119,6 +119,23 @@ impl StoreError {
 /// Result alias.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+tokio::task_local! {
+    static TASK_ROUND_TRIPS: std::cell::Cell<u64>;
+}
+
+/// Runs `f` and returns its output with the etcd round trips `f` itself made through
+/// any store. Unlike differences of [`EtcdStore::round_trips`], work that other tasks
+/// do on a shared store meanwhile (the sweep, the spare-lease refill) is not counted,
+/// so the number is exact however busy the controller is.
+pub async fn count_round_trips<F: std::future::Future>(f: F) -> (F::Output, u64) {
+    TASK_ROUND_TRIPS
+        .scope(std::cell::Cell::new(0), async {
+            let out = f.await;
+            (out, TASK_ROUND_TRIPS.with(std::cell::Cell::get))
+        })
+        .await
+}
+
 /// What the watch path's claim guards on besides the claim itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClaimGuard {
@@ -317,6 +334,7 @@ impl EtcdStore {
 
     fn rt(&self) {
         self.round_trips.fetch_add(1, Ordering::Relaxed);
+        let _ = TASK_ROUND_TRIPS.try_with(|c| c.set(c.get() + 1));
     }
 
     async fn txn(&self, op: &'static str, txn: Txn) -> Result<TxnResponse> {
