@@ -149,6 +149,13 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// Our membership was gone before we adopted our arenas: peers will fence us, so
+    /// we must not start I/O.
+    #[error("membership of {node} lost during start-up (lease expired): not adopting arenas")]
+    LostMembership {
+        /// Our node.
+        node: NodeId,
+    },
 }
 
 /// A running node agent.
@@ -378,7 +385,13 @@ impl Agent {
     }
 
     async fn claim_arenas(&mut self) -> Result<(), AgentError> {
-        self.arenas = self.store.owned_arenas(&self.cfg.node).await?;
+        self.arenas = self
+            .store
+            .adopt_arenas(&self.cfg.node, self.joined.membership_rev)
+            .await?
+            .ok_or_else(|| AgentError::LostMembership {
+                node: self.cfg.node.clone(),
+            })?;
         if self.arenas.len() >= self.cfg.arenas {
             return Ok(());
         }
@@ -526,7 +539,11 @@ impl Agent {
             Err(e) => return self.leave_incomplete(format!("reading our arenas failed: {e}")),
         };
         for arena in &owned {
-            match self.store.release_arena(&node, arena).await {
+            match self
+                .store
+                .release_arena(&node, self.joined.membership_rev, arena)
+                .await
+            {
                 Ok(true) => {
                     tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned")
                 }

@@ -847,6 +847,41 @@ impl EtcdStore {
     }
 
     /// The arenas `node` owns.
+    /// The arenas the records say `node` owns, read in a transaction conditioned on
+    /// our live membership (`None`: not a member any more). An agent adopts arenas
+    /// from an earlier incarnation only this way, after `unfence`: a plain read could
+    /// adopt an arena that a fence in flight (claimed while we were not a member) is
+    /// about to free (found by the protocol model).
+    pub async fn adopt_arenas(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+    ) -> Result<Option<Vec<String>>> {
+        let k = &self.keys;
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                k.membership(node),
+                CompareOp::Equal,
+                membership_rev,
+            )])
+            .and_then(vec![TxnOp::get(
+                k.arena_node_prefix(node),
+                prefix_keys_only(),
+            )]);
+        let resp = self.txn("adopt_arenas", txn).await?;
+        if !resp.succeeded() {
+            return Ok(None);
+        }
+        let ops = resp.op_responses();
+        Ok(Some(
+            kvs(&ops[0])
+                .iter()
+                .filter_map(|kv| k.arena_node_of(kv.key()).map(|(_, a)| a))
+                .collect(),
+        ))
+    }
+
+    /// The arenas the records say `node` owns (a plain read, for status and tests).
     pub async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>> {
         self.rt();
         let r = self
@@ -861,14 +896,24 @@ impl EtcdStore {
     }
 
     /// `release_own_arenas`: gives one arena back (only if we own it).
-    pub async fn release_arena(&self, node: &NodeId, arena: &str) -> Result<bool> {
+    ///
+    /// Conditioned on our live membership as well as on ownership: a node whose lease
+    /// expired while it was leaving may already have been claimed for a fence that read
+    /// this arena as ours and will free it after the bump; returning it ourselves now
+    /// would let another node claim it first and then lose it under live writes (found
+    /// by the protocol model, `fenced/tests/protocol_model.rs`).
+    pub async fn release_arena(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+        arena: &str,
+    ) -> Result<bool> {
         let k = &self.keys;
         let txn = Txn::new()
-            .when(vec![Compare::value(
-                k.arena_owner(arena),
-                CompareOp::Equal,
-                node.as_str(),
-            )])
+            .when(vec![
+                Compare::create_revision(k.membership(node), CompareOp::Equal, membership_rev),
+                Compare::value(k.arena_owner(arena), CompareOp::Equal, node.as_str()),
+            ])
             .and_then(vec![
                 TxnOp::delete(k.arena_owner(arena), None),
                 TxnOp::delete(k.arena_node(node, arena), None),

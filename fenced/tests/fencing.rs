@@ -600,3 +600,47 @@ async fn a_late_delete_event_after_the_fence_does_not_bump_again() {
     assert_eq!(fences_of(&store, "n9").await.len(), 1);
     survivor.kill();
 }
+
+/// An expired node can neither give back nor adopt arenas: both are conditioned on its
+/// live membership. Otherwise a node leaving as its lease expires could return an
+/// arena that a fence in flight (which read it as the node's) frees again after the
+/// bump, under its next owner's writes; and a restarted node whose new lease expired
+/// could adopt an arena the pending fence is about to free. Both were found by the
+/// protocol model (`tests/protocol_model.rs`, invariant 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_node_can_neither_return_nor_adopt_arenas() {
+    let c = Cluster::new();
+    let store = c.store().await;
+    store.add_free_arenas(&["a1".into()]).await.unwrap();
+    let n1 = c.agent("n1", 1).await;
+    assert_eq!(n1.arenas, vec!["a1".to_owned()]);
+    // While a member, adoption reads the records.
+    assert_eq!(
+        store
+            .adopt_arenas(&n1.node, n1.membership_rev)
+            .await
+            .unwrap(),
+        Some(vec!["a1".to_owned()])
+    );
+
+    n1.kill();
+    store.revoke(n1.lease).await.unwrap();
+
+    assert!(
+        !store
+            .release_arena(&n1.node, n1.membership_rev, "a1")
+            .await
+            .unwrap(),
+        "an expired node returned its arena itself"
+    );
+    assert_eq!(store.owned_arenas(&n1.node).await.unwrap(), vec!["a1"]);
+    assert!(store.free_arenas().await.unwrap().is_empty());
+    assert_eq!(
+        store
+            .adopt_arenas(&n1.node, n1.membership_rev)
+            .await
+            .unwrap(),
+        None,
+        "an expired node adopted arenas"
+    );
+}

@@ -59,8 +59,12 @@ impl Protocol {
         bump_without_confirmation: false,
         depart_unconditioned: false,
     };
-    /// The protocol this model proves: the code with the three fixes the model asks
-    /// for (the arena fix on the agent's side).
+    /// The protocol this model proves: the code with the three fixes the model asked
+    /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
+    /// the watch-path claim requires no fence mark written since the DELETE
+    /// (`ClaimGuard::Watch { deleted_rev }`), `release_arena` and `adopt_arenas` are
+    /// conditioned on live membership. `CODE_AT_9866C49` is kept as the record of
+    /// what the checker found.
     pub const SAFE: Self = Self {
         watch_claim_requires_not_done: true,
         adopt_requires_live_membership: true,
