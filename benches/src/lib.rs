@@ -1,5 +1,5 @@
 //! Shared pieces of the benchmarks in `benches/benches/`: a real etcd started by the
-//! bench itself, the quick/full switch and latency summaries.
+//! bench itself (from `test-support`), the quick/full switch and latency summaries.
 //!
 //! Every bench has a quick default (a handful of samples, so `cargo test -p benches
 //! --benches` proves it still runs) and a full mode for the README table, selected by
@@ -7,10 +7,12 @@
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+/// The workspace's etcd launcher (`test-support`): a single-member etcd on free loopback
+/// ports with a temp data dir, killed by PID on drop. The binary is `$FENCED_ETCD` (or
+/// `$FENCED_BENCH_ETCD`), else `/usr/bin/etcd`.
+pub use test_support::etcd::{Etcd, etcd_binary, free_port};
 
 /// True when `FENCED_BENCH_FULL` is set to anything but `0` or empty: take the README's
 /// sample sizes instead of the quick ones.
@@ -28,104 +30,6 @@ pub fn samples(quick: usize, full: usize) -> usize {
         return n;
     }
     if full_mode() { full } else { quick }
-}
-
-/// The etcd binary: `$FENCED_BENCH_ETCD` or Debian's `/usr/bin/etcd`.
-pub fn etcd_binary() -> String {
-    std::env::var("FENCED_BENCH_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".to_owned())
-}
-
-/// A free loopback TCP port (bound, then released).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a loopback port")
-}
-
-/// A single-member etcd on free loopback ports with a temp data dir, killed by PID on
-/// drop.
-#[derive(Debug)]
-pub struct Etcd {
-    child: Child,
-    dir: tempfile::TempDir,
-    client_port: u16,
-}
-
-impl Etcd {
-    /// Starts etcd and waits until `/health` answers (at most 20 s).
-    pub fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let (cp, pp) = (free_port(), free_port());
-        let client = format!("http://127.0.0.1:{cp}");
-        let peer = format!("http://127.0.0.1:{pp}");
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("log file");
-        let child = Command::new(etcd_binary())
-            .args(["--name", "b1", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--logger=zap", "--log-outputs=stderr"])
-            .args(["--listen-client-urls", &client])
-            .args(["--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer])
-            .args(["--initial-advertise-peer-urls", &peer])
-            .arg(format!("--initial-cluster=b1={peer}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot start {}: {e} (apt-get install etcd-server)",
-                    etcd_binary()
-                )
-            });
-        let etcd = Self {
-            child,
-            dir,
-            client_port: cp,
-        };
-        let t0 = Instant::now();
-        while !etcd.healthy() {
-            assert!(
-                t0.elapsed() < Duration::from_secs(20),
-                "etcd not healthy after 20 s; log: {}",
-                etcd.log()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        etcd
-    }
-
-    fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.contains("\"health\":\"true\"")
-    }
-
-    /// The client URL.
-    pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
-    }
-
-    /// The server's log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        // Child::kill sends SIGKILL to exactly this PID.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// Order statistics of a set of durations.
