@@ -38,11 +38,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_credential_types::provider::error::CredentialsError;
-use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
 use tokio::time::Instant;
 
 use crate::core::{Confirmation, FenceStep, Victim};
 use crate::fencer::{BoxFuture, FenceError, Fencer};
+
+mod query;
+
+pub use query::{API_VERSION, ClientError, Ec2Client, regional_endpoint};
 
 /// Default bound on one whole EBS fence.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
@@ -97,12 +100,12 @@ impl Ec2ErrorKind {
     }
 }
 
-/// How an SDK call failed before any error code could be read.
+/// How an EC2 call failed before any error code could be read.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
-    /// The request could not be built or signed (no credentials, no region).
+    /// The request could not be built or signed.
     Construction,
-    /// The SDK's own attempt/operation timeout fired.
+    /// The per-attempt timeout fired.
     Timeout,
     /// The request could not be sent or no response came (connection refused...).
     Dispatch,
@@ -182,7 +185,7 @@ pub struct Ec2Error {
     pub message: Option<String>,
     /// The HTTP status, when there was an answer.
     pub status: Option<u16>,
-    /// The SDK error.
+    /// The underlying error (transport, credentials), if any.
     #[source]
     pub source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
@@ -199,51 +202,6 @@ impl Ec2Error {
             source: None,
         }
     }
-
-    fn from_sdk<E>(op: Ec2Op, err: SdkError<E>) -> Self
-    where
-        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-    {
-        let transport = match &err {
-            SdkError::ConstructionFailure(_) => Transport::Construction,
-            SdkError::TimeoutError(_) => Transport::Timeout,
-            SdkError::DispatchFailure(d) if d.is_user() => Transport::Construction,
-            SdkError::DispatchFailure(_) => Transport::Dispatch,
-            SdkError::ResponseError(_) => Transport::Response,
-            _ => Transport::Service,
-        };
-        let code = err.code().map(str::to_owned);
-        let message = err.message().map(str::to_owned);
-        let status = err.raw_response().map(|r| r.status().as_u16());
-        // A failure to load credentials surfaces as a dispatch failure: find it in the
-        // source chain, or "no credentials at all" would be retried as if transient.
-        let kind = match credentials_error(&err) {
-            Some(ce) => classify_credentials(ce),
-            None => classify(transport, code.as_deref(), status),
-        };
-        Self {
-            op,
-            kind,
-            code,
-            message,
-            status,
-            source: Some(Box::new(err)),
-        }
-    }
-}
-
-/// The credentials provider's error in `err`'s source chain, if that is why it failed.
-fn credentials_error<'a>(
-    err: &'a (dyn std::error::Error + 'static),
-) -> Option<&'a CredentialsError> {
-    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = cur {
-        if let Some(ce) = e.downcast_ref::<CredentialsError>() {
-            return Some(ce);
-        }
-        cur = e.source();
-    }
-    None
 }
 
 /// No credentials, or a broken credentials configuration, fails loudly; a provider that
@@ -298,82 +256,6 @@ pub trait Ec2Volumes: Send + Sync + fmt::Debug {
         &'a self,
         volume_id: &'a str,
     ) -> BoxFuture<'a, Result<VolumeView, Ec2Error>>;
-}
-
-/// [`Ec2Volumes`] on the AWS SDK for Rust.
-#[derive(Debug, Clone)]
-pub struct SdkEc2 {
-    client: aws_sdk_ec2::Client,
-}
-
-impl SdkEc2 {
-    /// A client from a loaded SDK config.
-    pub fn new(config: &aws_config::SdkConfig) -> Self {
-        Self {
-            client: aws_sdk_ec2::Client::new(config),
-        }
-    }
-}
-
-impl Ec2Volumes for SdkEc2 {
-    fn detach_volume<'a>(
-        &'a self,
-        volume_id: &'a str,
-        instance_id: &'a str,
-    ) -> BoxFuture<'a, Result<Option<String>, Ec2Error>> {
-        Box::pin(async move {
-            let out = self
-                .client
-                .detach_volume()
-                .volume_id(volume_id)
-                // Required: without it a Multi-Attach volume would be detached from
-                // every instance (and moto answers HTTP 500).
-                .instance_id(instance_id)
-                .force(true)
-                .send()
-                .await
-                .map_err(|e| Ec2Error::from_sdk(Ec2Op::DetachVolume, e))?;
-            Ok(out.state().map(|s| s.as_str().to_owned()))
-        })
-    }
-
-    fn describe_volume<'a>(
-        &'a self,
-        volume_id: &'a str,
-    ) -> BoxFuture<'a, Result<VolumeView, Ec2Error>> {
-        Box::pin(async move {
-            let out = self
-                .client
-                .describe_volumes()
-                .volume_ids(volume_id)
-                .send()
-                .await
-                .map_err(|e| Ec2Error::from_sdk(Ec2Op::DescribeVolumes, e))?;
-            let Some(v) = out
-                .volumes()
-                .iter()
-                .find(|v| v.volume_id() == Some(volume_id))
-            else {
-                // Filtered by id, an empty answer means the same as InvalidVolume.NotFound.
-                return Err(Ec2Error::new(
-                    Ec2Op::DescribeVolumes,
-                    Ec2ErrorKind::VolumeNotFound,
-                    None,
-                ));
-            };
-            Ok(VolumeView {
-                state: v.state().map(|s| s.as_str().to_owned()).unwrap_or_default(),
-                attachments: v
-                    .attachments()
-                    .iter()
-                    .map(|a| AttachmentView {
-                        instance_id: a.instance_id().unwrap_or_default().to_owned(),
-                        state: a.state().map(|s| s.as_str().to_owned()).unwrap_or_default(),
-                    })
-                    .collect(),
-            })
-        })
-    }
 }
 
 /// Timing of one fence.
@@ -443,10 +325,11 @@ impl EbsConfig {
         }
     }
 
-    /// The SDK config loader: the standard credential chain (environment, profile, web
-    /// identity, ECS, IMDSv2 instance profile), region and endpoint override, standard
-    /// retries, and HTTP timeouts well inside the fence deadline. Tests add static
-    /// credentials to it before loading.
+    /// The config loader: the standard credential chain (environment, profile, web
+    /// identity, ECS, IMDSv2 instance profile), region and endpoint override, and HTTP
+    /// timeouts well inside the fence deadline (used by [`Ec2Client`] for every call; the
+    /// retry setting applies to the credential providers' own calls, the fence loop
+    /// retries EC2 calls itself). Tests add static credentials to it before loading.
     pub fn loader(&self) -> aws_config::ConfigLoader {
         let attempt =
             (self.limits.deadline / 4).clamp(Duration::from_millis(500), Duration::from_secs(10));
@@ -537,6 +420,10 @@ pub enum EbsError {
     /// The SDK config has no region.
     #[error("no AWS region: pass --ebs-region or set AWS_REGION")]
     NoRegion,
+    /// The EC2 client cannot be built (no credentials provider, a bad endpoint URL, no
+    /// TLS trust roots).
+    #[error("cannot build the EC2 client: {0}")]
+    Client(#[source] ClientError),
     /// The limits do not fit the fence-claim TTL.
     #[error(
         "EBS fence limits {limits:?} invalid: the deadline must be non-zero and below the fence-claim TTL {claim_ttl:?}"
@@ -560,7 +447,10 @@ impl EbsError {
                 Ec2Op::DetachVolume => FenceStep::Sever,
                 Ec2Op::DescribeVolumes => FenceStep::Verify,
             },
-            Self::Unconfirmed { .. } | Self::NoRegion | Self::BadLimits { .. } => FenceStep::Verify,
+            Self::Unconfirmed { .. }
+            | Self::NoRegion
+            | Self::Client(_)
+            | Self::BadLimits { .. } => FenceStep::Verify,
         }
     }
 
@@ -599,25 +489,27 @@ impl EbsFencer {
         }
     }
 
-    /// A fencer on the SDK with the standard chain, checking the limits against
+    /// A fencer on the EC2 Query API with the standard chain, checking the limits against
     /// `claim_ttl`.
     pub async fn connect(config: &EbsConfig, claim_ttl: Duration) -> Result<Self, EbsError> {
         let sdk = config.loader().load().await;
         Self::from_sdk_config(config, &sdk, claim_ttl)
     }
 
-    /// A fencer on an already loaded SDK config (tests add static credentials).
+    /// A fencer on an already loaded SDK config (region, credentials, endpoint override,
+    /// timeouts; tests add static credentials).
     pub fn from_sdk_config(
         config: &EbsConfig,
         sdk: &aws_config::SdkConfig,
         claim_ttl: Duration,
     ) -> Result<Self, EbsError> {
         config.limits.check(claim_ttl)?;
-        if sdk.region().is_none() {
-            return Err(EbsError::NoRegion);
-        }
+        let client = Ec2Client::new(sdk).map_err(|e| match e {
+            ClientError::NoRegion => EbsError::NoRegion,
+            other => EbsError::Client(other),
+        })?;
         Ok(Self::new(
-            Arc::new(SdkEc2::new(sdk)),
+            Arc::new(client),
             config.volume_id.clone(),
             config.limits,
         ))

@@ -287,6 +287,56 @@ async fn missing_credentials_fail_loudly_and_at_once() {
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![inst]);
 }
 
+/// The peer checks signatures (moto recomputes SigV4 with botocore, an independent
+/// implementation): the fencer's signed calls are accepted with the right secret, and a
+/// wrong secret is refused as `Denied`, not retried, and detaches nothing.
+#[tokio::test]
+async fn the_peer_verifies_our_sigv4_signatures() {
+    let moto = Moto::start(); // its own: authentication is global to the process
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let (key_id, secret) = ec2.iam_user_with_ec2_access("fencer").await;
+    let inst = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let cfg = config(&moto.url(), &vol, PollLimits::default());
+    let signed_with = |secret: &str| {
+        let loader = cfg
+            .loader()
+            .credentials_provider(aws_credential_types::Credentials::new(
+                key_id.clone(),
+                secret.to_owned(),
+                None,
+                None,
+                "test",
+            ));
+        async move { loader.load().await }
+    };
+
+    ec2.enforce_auth(true).await;
+    let bad =
+        EbsFencer::from_sdk_config(&cfg, &signed_with("not-the-secret").await, CLAIM_TTL).unwrap();
+    let e = bad.sever(&victim(&inst)).await.unwrap_err();
+    match &e {
+        EbsError::Denied { source, .. } => {
+            // EC2 answers a bad signature with AuthFailure (other services say
+            // SignatureDoesNotMatch).
+            assert!(
+                matches!(
+                    source.code.as_deref(),
+                    Some("AuthFailure" | "SignatureDoesNotMatch")
+                ),
+                "{e}"
+            );
+        }
+        other => panic!("expected Denied, got {other:?}"),
+    }
+    let good = EbsFencer::from_sdk_config(&cfg, &signed_with(&secret).await, CLAIM_TTL).unwrap();
+    let c = good.fence(&victim(&inst)).await.expect("signed fence");
+    assert!(c.severed, "{}", c.evidence);
+    ec2.enforce_auth(false).await;
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+}
+
 #[tokio::test]
 async fn limits_beyond_the_claim_ttl_are_refused() {
     let cfg = config("http://127.0.0.1:9", "vol-1", limits(CLAIM_TTL));

@@ -1,6 +1,7 @@
 //! The EC2 API peer for the EBS tests: a `moto_server` started on a free loopback port
-//! (killed by PID on drop), and a small HTTP proxy in front of it that can make
-//! `DetachVolume` asynchronous, as it is on AWS (moto detaches synchronously).
+//! (killed by PID on drop), fixtures set up with plain unsigned Query API requests (code
+//! independent of the fencer's client), and a small HTTP proxy in front of moto that can
+//! make `DetachVolume` asynchronous, as it is on AWS (moto detaches synchronously).
 
 #![allow(dead_code)]
 
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use aws_sdk_ec2::config::{Credentials, Region};
+use aws_credential_types::Credentials;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -155,71 +156,185 @@ pub async fn sdk_config(config: &fenced::ebs::EbsConfig) -> aws_config::SdkConfi
         .await
 }
 
-/// A client for setting up fixtures directly against moto.
-pub async fn client(url: &str) -> aws_sdk_ec2::Client {
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(Region::new("us-east-1"))
-        .credentials_provider(Credentials::new("testing", "testing", None, None, "static"))
-        .endpoint_url(url)
-        .load()
+/// Sets up fixtures directly against moto with unsigned Query API requests (moto does
+/// not check signatures), independent of the fencer's own EC2 client.
+#[derive(Debug, Clone)]
+pub struct Fixtures {
+    addr: SocketAddr,
+}
+
+/// The fixture client for the peer at `url` (`http://127.0.0.1:PORT`).
+pub async fn client(url: &str) -> Fixtures {
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .parse()
+        .expect("peer URL is http://127.0.0.1:PORT");
+    Fixtures { addr }
+}
+
+impl Fixtures {
+    /// One EC2 Query API call; panics (with the answer) unless moto answers 200.
+    async fn call(&self, action: &str, params: &[(&str, &str)]) -> String {
+        self.call_service("ec2", "2016-11-15", action, params).await
+    }
+
+    /// One Query API call to `service`.
+    async fn call_service(
+        &self,
+        service: &str,
+        version: &str,
+        action: &str,
+        params: &[(&str, &str)],
+    ) -> String {
+        let mut form = form_urlencoded::Serializer::new(String::new());
+        form.append_pair("Action", action);
+        form.append_pair("Version", version);
+        for (k, v) in params {
+            form.append_pair(k, v);
+        }
+        let body = form.finish();
+        // moto routes a request to a service by the credential scope of its
+        // Authorization header (without one it answers as S3); it does not check the
+        // signature, so this one is a placeholder.
+        let head = format!(
+            "POST / HTTP/1.1\r\nHost: {}\r\nContent-Type: application/x-www-form-urlencoded; \
+             charset=utf-8\r\nAuthorization: AWS4-HMAC-SHA256 \
+             Credential=testing/20260101/us-east-1/{service}/aws4_request, SignedHeaders=host, \
+             Signature=0\r\nContent-Length: {}",
+            self.addr,
+            body.len()
+        );
+        let req = Request {
+            head,
+            body: body.into_bytes(),
+        };
+        let answer = forward(self.addr, &req).await.expect("moto answers");
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let (status_line, rest) = text.split_once("\r\n").expect("HTTP answer");
+        assert!(status_line.contains(" 200 "), "{action}: {text}");
+        let (_, xml) = rest.split_once("\r\n\r\n").expect("HTTP answer body");
+        xml.to_owned()
+    }
+}
+
+impl Fixtures {
+    /// An IAM user allowed `ec2:*`, and its access key: `(id, secret)`.
+    pub async fn iam_user_with_ec2_access(&self, name: &str) -> (String, String) {
+        const IAM: (&str, &str) = ("iam", "2010-05-08");
+        self.call_service(IAM.0, IAM.1, "CreateUser", &[("UserName", name)])
+            .await;
+        let policy = r#"{"Version":"2012-10-17","Statement":[{"Effect":"Allow","Action":"ec2:*","Resource":"*"}]}"#;
+        self.call_service(
+            IAM.0,
+            IAM.1,
+            "PutUserPolicy",
+            &[
+                ("UserName", name),
+                ("PolicyName", "fencer"),
+                ("PolicyDocument", policy),
+            ],
+        )
         .await;
-    aws_sdk_ec2::Client::new(&sdk)
+        let xml = self
+            .call_service(IAM.0, IAM.1, "CreateAccessKey", &[("UserName", name)])
+            .await;
+        (
+            texts(&xml, "AccessKeyId").remove(0),
+            texts(&xml, "SecretAccessKey").remove(0),
+        )
+    }
+
+    /// Makes moto check every request's SigV4 signature and IAM permissions from now on
+    /// (`enforce`), or stop checking. Global to that moto process.
+    pub async fn enforce_auth(&self, enforce: bool) {
+        let count = if enforce { "0" } else { "1000000000" };
+        let head = format!(
+            "POST /moto-api/reset-auth HTTP/1.1\r\nHost: {}\r\nContent-Length: {}",
+            self.addr,
+            count.len()
+        );
+        let req = Request {
+            head,
+            body: count.as_bytes().to_vec(),
+        };
+        let answer = forward(self.addr, &req).await.expect("moto answers");
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 200") || text.starts_with("HTTP/1.0 200"),
+            "{text}"
+        );
+    }
+}
+
+fn texts(xml: &str, tag: &str) -> Vec<String> {
+    let doc = roxmltree::Document::parse(xml).expect("moto answers XML");
+    doc.descendants()
+        .filter(|n| n.has_tag_name(tag))
+        .map(|n| n.text().unwrap_or_default().to_owned())
+        .collect()
 }
 
 /// Launches one instance.
-pub async fn run_instance(c: &aws_sdk_ec2::Client) -> String {
-    let out = c
-        .run_instances()
-        .image_id("ami-12c6146b")
-        .min_count(1)
-        .max_count(1)
-        .send()
-        .await
-        .expect("RunInstances");
-    out.instances()[0]
-        .instance_id()
-        .expect("instance id")
-        .to_owned()
+pub async fn run_instance(c: &Fixtures) -> String {
+    let xml = c
+        .call(
+            "RunInstances",
+            &[
+                ("ImageId", "ami-12c6146b"),
+                ("MinCount", "1"),
+                ("MaxCount", "1"),
+            ],
+        )
+        .await;
+    texts(&xml, "instanceId").remove(0)
 }
 
 /// Creates an io2 volume in us-east-1a.
-pub async fn create_volume(c: &aws_sdk_ec2::Client) -> String {
-    let out = c
-        .create_volume()
-        .availability_zone("us-east-1a")
-        .size(8)
-        .volume_type(aws_sdk_ec2::types::VolumeType::Io2)
-        .iops(100)
-        .send()
-        .await
-        .expect("CreateVolume");
-    out.volume_id().expect("volume id").to_owned()
+pub async fn create_volume(c: &Fixtures) -> String {
+    let xml = c
+        .call(
+            "CreateVolume",
+            &[
+                ("AvailabilityZone", "us-east-1a"),
+                ("Size", "8"),
+                ("VolumeType", "io2"),
+                ("Iops", "100"),
+            ],
+        )
+        .await;
+    texts(&xml, "volumeId").remove(0)
 }
 
 /// Attaches `volume` to `instance`.
-pub async fn attach(c: &aws_sdk_ec2::Client, volume: &str, instance: &str) {
-    c.attach_volume()
-        .volume_id(volume)
-        .instance_id(instance)
-        .device("/dev/sdf")
-        .send()
-        .await
-        .expect("AttachVolume");
+pub async fn attach(c: &Fixtures, volume: &str, instance: &str) {
+    c.call(
+        "AttachVolume",
+        &[
+            ("VolumeId", volume),
+            ("InstanceId", instance),
+            ("Device", "/dev/sdf"),
+        ],
+    )
+    .await;
 }
 
 /// The instances `volume` is attached to, as DescribeVolumes says (not `detached`).
-pub async fn attached_to(c: &aws_sdk_ec2::Client, volume: &str) -> Vec<String> {
-    let out = c
-        .describe_volumes()
-        .volume_ids(volume)
-        .send()
-        .await
-        .expect("DescribeVolumes");
-    out.volumes()[0]
-        .attachments()
-        .iter()
-        .filter(|a| a.state().map(|s| s.as_str()) != Some("detached"))
-        .filter_map(|a| a.instance_id().map(str::to_owned))
+pub async fn attached_to(c: &Fixtures, volume: &str) -> Vec<String> {
+    let xml = c.call("DescribeVolumes", &[("VolumeId.1", volume)]).await;
+    let doc = roxmltree::Document::parse(&xml).expect("moto answers XML");
+    let child = |n: roxmltree::Node<'_, '_>, tag: &str| {
+        n.children()
+            .find(|c| c.has_tag_name(tag))
+            .and_then(|c| c.text())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    doc.descendants()
+        .filter(|n| n.has_tag_name("attachmentSet"))
+        .flat_map(|set| set.children().filter(|c| c.has_tag_name("item")))
+        .filter(|a| child(*a, "status") != "detached")
+        .map(|a| child(a, "instanceId"))
         .collect()
 }
 
