@@ -38,10 +38,15 @@ pub struct AgentConfig {
     /// How long to keep retrying a join refused because a fence claim is held on us
     /// or our previous membership has not expired yet.
     pub join_timeout: Duration,
+    /// How long leaving keeps retrying etcd requests that failed because etcd was
+    /// unreachable (a partition, an election). The self-fence margin still applies
+    /// while leaving: a leave that cannot reach etcd self-fences like a running agent.
+    pub leave_timeout: Duration,
 }
 
 impl AgentConfig {
-    /// Defaults: TTL 5 s, margin 2 × TTL, no arenas, device check every second.
+    /// Defaults: TTL 5 s, margin 2 × TTL, no arenas, device check every second, leave
+    /// retries for 20 s.
     pub fn new(node: NodeId, instance: impl Into<String>) -> Self {
         let ttl = Duration::from_secs(5);
         Self {
@@ -53,6 +58,7 @@ impl AgentConfig {
             device_check_interval: Duration::from_secs(1),
             watchdog_device: None,
             join_timeout: Duration::from_secs(30),
+            leave_timeout: Duration::from_secs(20),
         }
     }
 }
@@ -474,7 +480,7 @@ impl Agent {
         tokio::pin!(leave);
         loop {
             tokio::select! {
-                _ = &mut leave => return self.leave().await,
+                _ = &mut leave => return self.leave(watchdog, renewals).await,
                 _ = conflict.notified() => {
                     return self.self_fence("a write failed with a reservation conflict: this node was fenced".into());
                 }
@@ -530,53 +536,59 @@ impl Agent {
     }
 
     /// `quiesce` → `release_own_arenas` → `depart`.
-    async fn leave(mut self) -> AgentExit {
+    ///
+    /// etcd requests that fail because etcd is unreachable are retried until
+    /// `leave_timeout`, and the self-fence margin keeps running meanwhile: a leave stuck
+    /// behind a partition self-fences at the margin like a running agent (gate fenced,
+    /// watchdog no longer petted), then keeps trying to finish. When the link comes back
+    /// the departure transaction decides: it succeeds only if our membership survived
+    /// (our keepalives reached etcd though their answers did not), and after expiry it is
+    /// refused (invariant 4) and logged.
+    async fn leave(
+        mut self,
+        mut watchdog: Watchdog,
+        mut renewals: tokio::sync::watch::Receiver<(Instant, i64)>,
+    ) -> AgentExit {
         let node = self.cfg.node.clone();
         self.gate.quiesce();
         tracing::info!(step = "quiesce", node = %node, "I/O stopped, leaving");
-        let owned = match self.store.owned_arenas(&node).await {
-            Ok(a) => a,
-            Err(e) => return self.leave_incomplete(format!("reading our arenas failed: {e}")),
+        let steps = leave_steps(
+            self.store.clone(),
+            node.clone(),
+            self.cfg.instance.clone(),
+            self.joined.membership_rev,
+            self.device.clone().map(|d| (d, self.own_key)),
+            Instant::now() + self.cfg.leave_timeout,
+        );
+        tokio::pin!(steps);
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut self_fenced: Option<String> = None;
+        let outcome = loop {
+            tokio::select! {
+                r = &mut steps => break r,
+                changed = renewals.changed(), if self_fenced.is_none() => {
+                    if changed.is_ok() {
+                        let (at, left) = *renewals.borrow_and_update();
+                        watchdog.on_keepalive(left, at);
+                    }
+                }
+                _ = tick.tick(), if self_fenced.is_none() => {
+                    match watchdog.verdict(Instant::now()) {
+                        WatchdogVerdict::Healthy { .. } => self.pet(),
+                        WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
+                            let reason = format!(
+                                "lease not renewed for {since_renewal:?} while leaving (margin {:?}, lease expired: {lease_expired})",
+                                self.cfg.self_fence_margin
+                            );
+                            let _ = self.self_fence(reason.clone());
+                            self_fenced = Some(reason);
+                        }
+                    }
+                }
+            }
         };
-        for arena in &owned {
-            match self
-                .store
-                .release_arena(&node, self.joined.membership_rev, arena)
-                .await
-            {
-                Ok(true) => {
-                    tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned")
-                }
-                Ok(false) => {
-                    return self.leave_incomplete(format!("arena {arena} is not ours any more"));
-                }
-                Err(e) => {
-                    return self.leave_incomplete(format!("returning arena {arena} failed: {e}"));
-                }
-            }
-        }
-        if let Some(device) = self.device.clone() {
-            let key = self.own_key;
-            let r = blocking(move || {
-                device.register(&Register {
-                    rrega: RegisterAction::Unregister,
-                    crkey: key,
-                    nrkey: Key(0),
-                    iekey: false,
-                    cptpl: Cptpl::NoChange,
-                })
-            })
-            .await;
-            if let Err(e) = r {
-                tracing::warn!(node = %node, error = %e, "unregistering our key failed");
-            }
-        }
-        match self
-            .store
-            .depart(&node, &self.cfg.instance, self.joined.membership_rev)
-            .await
-        {
-            Ok(true) => {
+        match (outcome, self_fenced) {
+            (Ok(()), None) => {
                 let _ = self.store.revoke(self.lease).await;
                 if let Some(w) = &mut self.watchdog {
                     let _ = w.write_all(b"V"); // magic close: disarm
@@ -584,10 +596,18 @@ impl Agent {
                 tracing::info!(step = "depart", node = %node, "departed: marker written, membership deleted");
                 AgentExit::Left
             }
-            Ok(false) => {
-                self.leave_incomplete("membership no longer live: departure refused".into())
+            (Ok(()), Some(reason)) => {
+                // Our membership outlived our view of it: the departure is recorded, but
+                // we already stopped I/O and the watchdog as a self-fenced node.
+                let _ = self.store.revoke(self.lease).await;
+                tracing::warn!(step = "depart", node = %node, "departed after self-fencing: marker written, membership deleted");
+                AgentExit::SelfFenced { reason }
             }
-            Err(e) => self.leave_incomplete(format!("departure transaction failed: {e}")),
+            (Err(why), None) => self.leave_incomplete(why),
+            (Err(why), Some(reason)) => {
+                let _ = self.leave_incomplete(why);
+                AgentExit::SelfFenced { reason }
+            }
         }
     }
 
@@ -595,5 +615,97 @@ impl Agent {
         self.gate.fence();
         tracing::error!(step = "depart", node = %self.cfg.node, reason = %reason, "leave incomplete: no departure marker, peers will fence this node");
         AgentExit::LeaveIncomplete { reason }
+    }
+}
+
+/// Runs `op` until it succeeds, fails for a reason other than an unreachable etcd, or
+/// `deadline` passes. `Err` is the reason the leave is incomplete.
+async fn retry_unreachable<T, F, Fut>(
+    node: &NodeId,
+    what: &'static str,
+    deadline: Instant,
+    mut op: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+    let mut attempts = 0u32;
+    loop {
+        attempts += 1;
+        match op().await {
+            Ok(v) => return Ok(v),
+            Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                if attempts == 1 {
+                    tracing::warn!(step = "depart", node = %node, error = %e, "{what}: etcd unreachable while leaving, retrying");
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(format!("{what} failed after {attempts} attempt(s): {e}")),
+        }
+    }
+}
+
+/// The etcd and device steps of leaving, after quiescence: return our arenas,
+/// unregister our key, write the departure marker. `Err`: why the leave is incomplete.
+async fn leave_steps(
+    store: EtcdStore,
+    node: NodeId,
+    instance: String,
+    membership_rev: i64,
+    device: Option<(Device, Key)>,
+    deadline: Instant,
+) -> Result<(), String> {
+    let owned = retry_unreachable(&node, "reading our arenas", deadline, || {
+        store.owned_arenas(&node)
+    })
+    .await?;
+    for arena in &owned {
+        let returned = retry_unreachable(&node, "returning an arena", deadline, || {
+            store.release_arena(&node, membership_rev, arena)
+        })
+        .await?;
+        if !returned {
+            return Err(format!("arena {arena} is not ours any more"));
+        }
+        tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned");
+    }
+    if let Some((device, key)) = device {
+        let r = blocking(move || {
+            device.register(&Register {
+                rrega: RegisterAction::Unregister,
+                crkey: key,
+                nrkey: Key(0),
+                iekey: false,
+                cptpl: Cptpl::NoChange,
+            })
+        })
+        .await;
+        if let Err(e) = r {
+            tracing::warn!(node = %node, error = %e, "unregistering our key failed");
+        }
+    }
+    // A retried departure whose earlier attempt timed out may have been applied by
+    // etcd: then the retry is refused although we departed. Say so rather than guess.
+    let lost_answer = std::sync::atomic::AtomicBool::new(false);
+    let departed = retry_unreachable(&node, "departure transaction", deadline, || {
+        let attempt = store.depart(&node, &instance, membership_rev);
+        let lost = &lost_answer;
+        async move {
+            let r = attempt.await;
+            if r.as_ref().is_err_and(StoreError::is_retryable) {
+                lost.store(true, Ordering::SeqCst);
+            }
+            r
+        }
+    })
+    .await?;
+    match (departed, lost_answer.load(Ordering::SeqCst)) {
+        (true, _) => Ok(()),
+        (false, false) => Err("membership no longer live: departure refused".into()),
+        (false, true) => Err(
+            "membership no longer live: departure refused (an earlier attempt's answer was lost, so it may have been applied)"
+                .into(),
+        ),
     }
 }
