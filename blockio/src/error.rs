@@ -191,6 +191,26 @@ pub enum Error {
         source: io::Error,
     },
 
+    /// A write failed with `EIO` and the [`FenceProbe`](crate::FenceProbe) consulted to
+    /// classify it failed too, so it is unknown whether this host was fenced (a
+    /// preempt-and-abort fails in-flight writes with `EIO`). Treat it as fenced: never
+    /// retry the write. The writer is not marked fenced; the device still refuses
+    /// every later write of a fenced host.
+    #[error(
+        "{len}-byte write at offset {offset} failed with EIO and the fence probe could not          tell whether this host was fenced ({probe}); it may have been: do not retry it"
+    )]
+    FenceUnverified {
+        /// Offset of the request.
+        offset: u64,
+        /// Length of the request.
+        len: usize,
+        /// The write's OS error (`EIO`).
+        #[source]
+        source: io::Error,
+        /// Why the probe could not decide.
+        probe: crate::probe::ProbeError,
+    },
+
     /// Flushing (fsync) failed: earlier writes may not be durable.
     #[error("flush (fsync) failed")]
     Flush {
@@ -226,6 +246,29 @@ impl Error {
     /// been fenced and must stop writing.
     pub fn is_reservation_conflict(&self) -> bool {
         matches!(self, Error::ReservationConflict { .. })
+    }
+
+    /// True when the failed request may have been refused because this host was fenced,
+    /// so it must never be retried: a [`ReservationConflict`](Error::ReservationConflict),
+    /// a [`FenceUnverified`](Error::FenceUnverified) write, or any write that failed with
+    /// `EIO` (a preempt-and-abort fails in-flight writes with `EIO`).
+    ///
+    /// The last case is conservative: the error alone cannot tell whether a
+    /// [`FenceProbe`](crate::FenceProbe) already cleared it. A writer opened with
+    /// [`Options::fence_probe`](crate::Options::fence_probe) turns every `EIO` write
+    /// the probe finds fenced into `ReservationConflict`, so its callers may treat a
+    /// remaining `EIO` [`Io`](Error::Io) error as an ordinary I/O error; without a
+    /// probe, treat it as fenced.
+    pub fn may_be_fenced(&self) -> bool {
+        match self {
+            Error::ReservationConflict { .. } | Error::FenceUnverified { .. } => true,
+            Error::Io {
+                op: Op::Write,
+                source,
+                ..
+            } => source.raw_os_error() == Some(libc::EIO),
+            _ => false,
+        }
     }
 
     /// True for errors the caller may retry as is: a full queue (after reaping), or an

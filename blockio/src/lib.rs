@@ -28,6 +28,10 @@
 //! # Ok::<(), blockio::Error>(())
 //! ```
 //!
+//! A preempt-and-abort can also fail writes that were in flight with `EIO` instead of
+//! `EBADE`; a [`FenceProbe`] given in [`Options::fence_probe`] lets the writer classify
+//! those as fenced too (see the [`probe`] module).
+//!
 //! Queued use, for throughput: [`DirectWriter::submit_write`] takes the buffer by
 //! value, [`DirectWriter::reap`] returns it in a [`Completion`] with the request's
 //! result, offset and length.
@@ -36,6 +40,7 @@
 
 mod error;
 mod options;
+pub mod probe;
 mod sync;
 #[allow(unsafe_code)]
 mod sys;
@@ -43,5 +48,8 @@ mod writer;
 
 pub use error::{Error, Op, Result};
 pub use options::{EngineKind, Options};
+#[cfg(feature = "nvme-resv")]
+pub use probe::ReservationProbe;
+pub use probe::{FenceProbe, FenceVerdict, ProbeError};
 pub use sys::buf::AlignedBuf;
 pub use writer::{Completion, DirectWriter, Rejected};

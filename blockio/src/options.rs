@@ -1,5 +1,9 @@
 //! [`Options`] for [`DirectWriter::open`](crate::DirectWriter::open).
 
+use std::sync::Arc;
+
+use crate::probe::FenceProbe;
+
 /// Which engine carries the requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum EngineKind {
@@ -45,6 +49,7 @@ pub struct Options {
     pub(crate) dsync: bool,
     pub(crate) register_file: bool,
     pub(crate) single_issuer: bool,
+    pub(crate) fence_probe: Option<Arc<dyn FenceProbe>>,
 }
 
 impl Default for Options {
@@ -55,6 +60,7 @@ impl Default for Options {
             dsync: false,
             register_file: true,
             single_issuer: false,
+            fence_probe: None,
         }
     }
 }
@@ -103,6 +109,18 @@ impl Options {
     /// driver turns it on, as fio does.
     pub fn single_issuer(mut self, single: bool) -> Self {
         self.single_issuer = single;
+        self
+    }
+
+    /// Classifies writes that fail with `EIO` by asking `probe` whether this host is
+    /// fenced: if it is, the write fails with
+    /// [`Error::ReservationConflict`](crate::Error::ReservationConflict) and the writer
+    /// becomes fenced. A preempt-and-abort fails in-flight writes with `EIO`, which
+    /// without a probe is indistinguishable from a media error; see
+    /// the [`probe`](crate::probe) module for the rules, and its `ReservationProbe`
+    /// (feature `nvme-resv`) for an NVMe implementation. Default: none.
+    pub fn fence_probe(mut self, probe: Arc<dyn FenceProbe>) -> Self {
+        self.fence_probe = Some(probe);
         self
     }
 }

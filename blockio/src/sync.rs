@@ -23,12 +23,12 @@ pub(crate) struct SyncEngine {
 }
 
 impl SyncEngine {
-    pub(crate) fn new(file: File, dsync: bool, align: usize) -> Self {
+    pub(crate) fn new(file: File, dsync: bool, align: usize, fence: Fence) -> Self {
         Self {
             file,
             dsync,
             align: align.max(1),
-            fence: Fence::default(),
+            fence,
             inject: VecDeque::new(),
             syscalls: 0,
         }
@@ -83,12 +83,7 @@ impl SyncEngine {
                     }
                     done = d;
                 }
-                Step::Fail(e) => {
-                    if let Error::ReservationConflict { offset, len } = &e {
-                        self.fence.set(*offset, *len);
-                    }
-                    return Err(e);
-                }
+                Step::Fail(e) => return self.fence.judge(Err(e)),
             }
         }
     }

@@ -5,10 +5,11 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, Op, Result};
 use crate::options::{EngineKind, Options};
+use crate::probe::{FenceProbe, FenceVerdict};
 use crate::sync::SyncEngine;
 use crate::sys::buf::AlignedBuf;
 use crate::sys::ring::{Ring, RingConfig};
@@ -17,29 +18,111 @@ use crate::sys::{self, DioAlign};
 /// Linux caps one read or write at `MAX_RW_COUNT` (`INT_MAX & PAGE_MASK`) bytes.
 const MAX_RW_COUNT: usize = 0x7fff_f000;
 
-/// The fenced state: the first request the device refused because of a reservation.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Fence(Option<(u64, usize)>);
+/// The fenced state (the first request found refused because of a reservation) and
+/// the one place where a failed write is classified as fenced or not.
+#[derive(Debug, Default)]
+pub(crate) struct Fence {
+    first: Option<(u64, usize)>,
+    probe: Option<Arc<dyn FenceProbe>>,
+}
 
 impl Fence {
+    pub(crate) fn new(probe: Option<Arc<dyn FenceProbe>>) -> Self {
+        Self { first: None, probe }
+    }
+
     pub(crate) fn is_fenced(&self) -> bool {
-        self.0.is_some()
+        self.first.is_some()
     }
 
     /// Records a conflict; the first one is kept.
-    pub(crate) fn set(&mut self, offset: u64, len: usize) {
-        if self.0.is_none() {
+    fn set(&mut self, offset: u64, len: usize, why: &'static str) {
+        if self.first.is_none() {
             tracing::error!(
                 offset,
                 len,
-                "blockio: reservation conflict (EBADE): this host is fenced; refusing all further writes"
+                why,
+                "blockio: reservation conflict: this host is fenced; refusing all further writes"
             );
-            self.0 = Some((offset, len));
+            self.first = Some((offset, len));
         }
     }
 
     pub(crate) fn first(&self) -> Option<(u64, usize)> {
-        self.0
+        self.first
+    }
+
+    /// Classifies the final result of a request (see the `probe` module for the
+    /// table): an `EBADE` fences; a write failing with `EIO` is a conflict when the
+    /// writer is already fenced or the probe says so. Every engine passes every
+    /// finished request through here.
+    pub(crate) fn judge(&mut self, result: Result<()>) -> Result<()> {
+        let (offset, len, source) = match result {
+            Err(Error::ReservationConflict { offset, len }) => {
+                self.set(offset, len, "EBADE");
+                return Err(Error::ReservationConflict { offset, len });
+            }
+            Err(Error::Io {
+                op: Op::Write,
+                offset,
+                len,
+                source,
+            }) if source.raw_os_error() == Some(libc::EIO) => (offset, len, source),
+            other => return other,
+        };
+        if self.is_fenced() {
+            tracing::warn!(
+                offset,
+                len,
+                "blockio: write failed with EIO after this host was fenced; reported as a reservation conflict"
+            );
+            return Err(Error::ReservationConflict { offset, len });
+        }
+        let Some(probe) = &self.probe else {
+            return Err(Error::Io {
+                op: Op::Write,
+                offset,
+                len,
+                source,
+            });
+        };
+        match probe.probe() {
+            Ok(FenceVerdict::Fenced) => {
+                self.set(
+                    offset,
+                    len,
+                    "EIO, and the fence probe found this host fenced",
+                );
+                Err(Error::ReservationConflict { offset, len })
+            }
+            Ok(FenceVerdict::NotFenced) => {
+                tracing::warn!(
+                    offset,
+                    len,
+                    "blockio: write failed with EIO; the fence probe says this host is not fenced"
+                );
+                Err(Error::Io {
+                    op: Op::Write,
+                    offset,
+                    len,
+                    source,
+                })
+            }
+            Err(probe) => {
+                tracing::error!(
+                    offset,
+                    len,
+                    error = %probe,
+                    "blockio: write failed with EIO and the fence probe failed: it may have been fenced"
+                );
+                Err(Error::FenceUnverified {
+                    offset,
+                    len,
+                    source,
+                    probe,
+                })
+            }
+        }
     }
 }
 
@@ -268,8 +351,17 @@ impl DirectWriter {
             dsync: options.dsync,
             single_issuer: options.single_issuer,
             align: geometry.offset_align,
+            probe: options.fence_probe.clone(),
         };
-        let sync = |f: File| Engine::Sync(SyncEngine::new(f, options.dsync, geometry.offset_align));
+        let probe = options.fence_probe.clone();
+        let sync = |f: File| {
+            Engine::Sync(SyncEngine::new(
+                f,
+                options.dsync,
+                geometry.offset_align,
+                Fence::new(probe.clone()),
+            ))
+        };
         let mut fallback = None;
         let engine = match options.engine {
             EngineKind::Sync => sync(dup()?),
@@ -823,5 +915,289 @@ mod tests {
     #[test]
     fn short_and_interrupted_requests_complete_sync() {
         short_and_interrupted_requests_complete(EngineKind::Sync);
+    }
+
+    /// A probe whose answer the test sets, counting its calls (an in-memory fake for
+    /// the classification logic; the real probe is proven in hwtests).
+    #[derive(Debug)]
+    struct FakeProbe {
+        answer: Mutex<Option<FenceVerdict>>,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl FakeProbe {
+        fn new(answer: Option<FenceVerdict>) -> Arc<Self> {
+            Arc::new(Self {
+                answer: Mutex::new(answer),
+                calls: Default::default(),
+            })
+        }
+
+        fn calls(&self) -> usize {
+            self.calls.load(std::sync::atomic::Ordering::SeqCst)
+        }
+    }
+
+    impl FenceProbe for FakeProbe {
+        fn probe(&self) -> std::result::Result<FenceVerdict, crate::ProbeError> {
+            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let answer = *self.answer.lock().unwrap_or_else(PoisonError::into_inner);
+            answer.ok_or_else(|| "report failed: no path to the namespace".into())
+        }
+    }
+
+    fn open_probed(path: &Path, engine: EngineKind, probe: &Arc<FakeProbe>) -> DirectWriter {
+        let w = DirectWriter::open(
+            path,
+            Options::default()
+                .engine(engine)
+                .queue_depth(8)
+                .fence_probe(probe.clone()),
+        )
+        .expect("open");
+        assert_eq!(w.engine(), engine);
+        w
+    }
+
+    fn eio_with_probe_saying_fenced(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let probe = FakeProbe::new(Some(FenceVerdict::Fenced));
+        let mut w = open_probed(&path, engine, &probe);
+        let a = w.alignment();
+        let buf = filled(&w, 2 * a, 0x3c);
+        w.write_at(&buf, 0)
+            .expect("a write that succeeds never probes");
+        assert_eq!(probe.calls(), 0);
+
+        // EIO on a read is not about fencing: no probe, still an I/O error.
+        w.inject_completion(-libc::EIO);
+        let mut rb = AlignedBuf::zeroed(2 * a, a).expect("buf");
+        let e = w.read_at(&mut rb, 0).expect_err("injected read EIO");
+        assert!(matches!(e, Error::Io { op: Op::Read, .. }), "{e:?}");
+        assert_eq!(probe.calls(), 0);
+
+        w.inject_completion(-libc::EIO);
+        let off = 4 * a as u64;
+        let e = w.write_at(&buf, off).expect_err("injected EIO");
+        assert!(
+            matches!(e, Error::ReservationConflict { offset, len } if offset == off && len == 2 * a),
+            "{e:?}"
+        );
+        assert!(e.may_be_fenced() && !e.is_retryable());
+        assert_eq!(probe.calls(), 1);
+        assert!(w.is_fenced());
+        assert_eq!(w.fenced_at(), Some((off, 2 * a)));
+
+        // Fenced: later writes fail fast without reaching the kernel or the probe.
+        let submitted = w.requests_submitted();
+        let e = w.write_at(&buf, 0).expect_err("fenced");
+        assert!(e.is_reservation_conflict());
+        assert_eq!(w.requests_submitted(), submitted);
+        assert_eq!(probe.calls(), 1);
+        assert!(on_disk(&path, off, 2 * a).iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn eio_with_probe_saying_fenced_io_uring() {
+        eio_with_probe_saying_fenced(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn eio_with_probe_saying_fenced_sync() {
+        eio_with_probe_saying_fenced(EngineKind::Sync);
+    }
+
+    fn eio_with_probe_saying_not_fenced(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let probe = FakeProbe::new(Some(FenceVerdict::NotFenced));
+        let mut w = open_probed(&path, engine, &probe);
+        let a = w.alignment();
+        let buf = filled(&w, a, 0x11);
+        w.inject_completion(-libc::EIO);
+        let e = w.write_at(&buf, 0).expect_err("injected EIO");
+        match &e {
+            Error::Io {
+                op: Op::Write,
+                offset: 0,
+                len,
+                source,
+            } => {
+                assert_eq!(*len, a);
+                assert_eq!(source.raw_os_error(), Some(libc::EIO));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!e.is_reservation_conflict() && !e.is_retryable());
+        assert_eq!(probe.calls(), 1);
+        assert!(!w.is_fenced());
+        w.write_at(&buf, 0)
+            .expect("still writable: the probe cleared it");
+        assert_eq!(on_disk(&path, 0, a), vec![0x11; a]);
+
+        // The probe's answer changes (the host was preempted meanwhile): the next EIO
+        // is a conflict.
+        *probe.answer.lock().expect("lock") = Some(FenceVerdict::Fenced);
+        w.inject_completion(-libc::EIO);
+        let e = w.write_at(&buf, a as u64).expect_err("EIO, fenced now");
+        assert!(e.is_reservation_conflict(), "{e:?}");
+        assert_eq!(probe.calls(), 2);
+        assert!(w.is_fenced());
+    }
+
+    #[test]
+    fn eio_with_probe_saying_not_fenced_io_uring() {
+        eio_with_probe_saying_not_fenced(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn eio_with_probe_saying_not_fenced_sync() {
+        eio_with_probe_saying_not_fenced(EngineKind::Sync);
+    }
+
+    fn eio_when_the_probe_fails(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let probe = FakeProbe::new(None);
+        let mut w = open_probed(&path, engine, &probe);
+        let a = w.alignment();
+        let buf = filled(&w, a, 0x22);
+        w.inject_completion(-libc::EIO);
+        let e = w.write_at(&buf, 0).expect_err("injected EIO");
+        match &e {
+            Error::FenceUnverified {
+                offset: 0,
+                len,
+                source,
+                probe,
+            } => {
+                assert_eq!(*len, a);
+                assert_eq!(source.raw_os_error(), Some(libc::EIO));
+                assert!(probe.to_string().contains("no path"), "{probe}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(e.may_be_fenced() && !e.is_retryable() && !e.is_reservation_conflict());
+        assert!(e.to_string().contains("do not retry"), "{e}");
+        assert_eq!(probe.calls(), 1);
+        // Not fenced locally: the device decides the next write.
+        assert!(!w.is_fenced());
+        w.write_at(&buf, 0)
+            .expect("the device accepts the next write");
+    }
+
+    #[test]
+    fn eio_when_the_probe_fails_io_uring() {
+        eio_when_the_probe_fails(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn eio_when_the_probe_fails_sync() {
+        eio_when_the_probe_fails(EngineKind::Sync);
+    }
+
+    fn eio_without_a_probe(engine: EngineKind) {
+        let (_d, path) = temp_file();
+        let mut w = open(&path, engine);
+        let a = w.alignment();
+        let buf = filled(&w, a, 0x33);
+        w.inject_completion(-libc::EIO);
+        let e = w.write_at(&buf, 0).expect_err("injected EIO");
+        assert!(
+            matches!(&e, Error::Io { op: Op::Write, source, .. } if source.raw_os_error() == Some(libc::EIO)),
+            "{e:?}"
+        );
+        assert!(
+            e.may_be_fenced(),
+            "an unclassified write EIO may be a fence"
+        );
+        assert!(!e.is_retryable() && !e.is_reservation_conflict());
+        assert!(!w.is_fenced());
+
+        // Once fenced, reads failing with EIO stay I/O errors: reads are not fenced.
+        // (A write failing with EIO after the fence is in `eio_among_queued_writes`.)
+        w.inject_completion(-libc::EBADE);
+        let e = w.write_at(&buf, 0).expect_err("EBADE");
+        assert!(e.is_reservation_conflict());
+        w.inject_completion(-libc::EIO);
+        let mut rb = AlignedBuf::zeroed(a, a).expect("buf");
+        let e = w
+            .read_at(&mut rb, 0)
+            .expect_err("read EIO stays an I/O error");
+        assert!(!e.may_be_fenced(), "{e:?}");
+    }
+
+    #[test]
+    fn eio_without_a_probe_io_uring() {
+        eio_without_a_probe(EngineKind::IoUring);
+    }
+
+    #[test]
+    fn eio_without_a_probe_sync() {
+        eio_without_a_probe(EngineKind::Sync);
+    }
+
+    /// The shape of a preempt-and-abort on io_uring: queued writes, one fails with EIO
+    /// before any EBADE, later ones with EBADE and EIO. With a probe every failure is
+    /// a conflict and the probe runs once; without one only the EBADE and the EIO
+    /// after it are.
+    fn eio_among_queued_writes(with_probe: bool) {
+        let (_d, path) = temp_file();
+        let probe = FakeProbe::new(Some(FenceVerdict::Fenced));
+        let mut w = if with_probe {
+            open_probed(&path, EngineKind::IoUring, &probe)
+        } else {
+            open(&path, EngineKind::IoUring)
+        };
+        let a = w.alignment();
+        let results = [0, -libc::EIO, -libc::EBADE, -libc::EIO];
+        for (tag, res) in results.iter().enumerate() {
+            if *res != 0 {
+                w.inject_completion(*res);
+            }
+            let tag = tag as u64;
+            w.submit_write(filled(&w, a, tag as u8 + 1), tag * a as u64, tag)
+                .expect("submit");
+        }
+        let mut out = Vec::new();
+        w.wait_all(&mut out).expect("wait");
+        out.sort_by_key(|c| c.tag);
+        assert_eq!(out.len(), 4);
+        out[0].result.as_ref().expect("the first write succeeds");
+        assert!(
+            out[2]
+                .result
+                .as_ref()
+                .is_err_and(Error::is_reservation_conflict)
+        );
+        assert!(
+            out[3]
+                .result
+                .as_ref()
+                .is_err_and(Error::is_reservation_conflict)
+        );
+        let first = out[1].result.as_ref().expect_err("EIO");
+        if with_probe {
+            assert!(first.is_reservation_conflict(), "{first:?}");
+            assert_eq!(probe.calls(), 1, "one probe; the fence answers the rest");
+            assert_eq!(w.fenced_at(), Some((a as u64, a)));
+        } else {
+            assert!(
+                matches!(first, Error::Io { .. }) && first.may_be_fenced(),
+                "{first:?}"
+            );
+            assert_eq!(w.fenced_at(), Some((2 * a as u64, a)));
+        }
+        for c in &out[1..] {
+            assert!(on_disk(&path, c.offset, a).iter().all(|&b| b == 0));
+        }
+    }
+
+    #[test]
+    fn eio_among_queued_writes_with_a_probe() {
+        eio_among_queued_writes(true);
+    }
+
+    #[test]
+    fn eio_among_queued_writes_without_a_probe() {
+        eio_among_queued_writes(false);
     }
 }

@@ -11,15 +11,17 @@ use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 
 use crate::error::{Error, Op, Result, Step, step};
+use crate::probe::FenceProbe;
 use crate::sys::buf::AlignedBuf;
 use crate::writer::{Completion, Fence, Req};
 
 /// Settings the ring is built with.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct RingConfig {
     pub queue_depth: usize,
     pub register_file: bool,
@@ -28,6 +30,8 @@ pub(crate) struct RingConfig {
     pub single_issuer: bool,
     /// Offset alignment: a short transfer continues only from an aligned point.
     pub align: usize,
+    /// Classifies writes failing with `EIO` (see `crate::probe`).
+    pub probe: Option<Arc<dyn FenceProbe>>,
 }
 
 #[derive(Debug)]
@@ -160,7 +164,7 @@ impl Ring {
             free: (0..qd).rev().collect(),
             in_flight: 0,
             cqes: Vec::with_capacity(entries as usize * 2),
-            fence: Fence::default(),
+            fence: Fence::new(cfg.probe.clone()),
             inject: VecDeque::new(),
             submitted_total: 0,
         })
@@ -367,12 +371,10 @@ impl Ring {
                 }
                 Step::Fail(e) => Err(e),
             };
+            let outcome = self.fence.judge(outcome);
             let Some(s) = self.slots[idx].as_mut() else {
                 unreachable!("slot checked above")
             };
-            if let Err(Error::ReservationConflict { offset, len }) = &outcome {
-                self.fence.set(*offset, *len);
-            }
             finished += 1;
             if matches!(s.buf, SlotBuf::Borrowed { .. }) {
                 s.finished = Some(outcome);
