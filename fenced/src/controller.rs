@@ -11,9 +11,10 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::core::{
-    ClaimOutcome, FenceAction, FenceRun, FenceState, Trigger, Victim, honour_departure, plan_sweep,
+    ClaimOutcome, FenceAction, FenceRun, FenceState, FenceStep, Trigger, Victim, honour_departure,
+    plan_sweep,
 };
-use crate::fencer::Fencer;
+use crate::fencer::{Fencer, fault, fault_scope};
 use crate::node::NodeId;
 use crate::store::{
     ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError, count_round_trips,
@@ -77,6 +78,14 @@ pub struct Controller {
     cfg: ControllerConfig,
     stats: ControllerStats,
     sweep_now: Notify,
+}
+
+/// An injected fault as a store error (the step's etcd request was never sent).
+fn fault_error(what: String) -> StoreError {
+    StoreError::Malformed {
+        key: "fail point".into(),
+        what,
+    }
 }
 
 fn unix_ms() -> u64 {
@@ -343,6 +352,22 @@ impl Controller {
         trigger: Trigger,
         guard: ClaimGuard,
     ) -> FenceState {
+        let scope = victim.clone();
+        fault_scope(
+            &self.cfg.id,
+            &scope,
+            self.run_fence(fencer, victim, trigger, guard),
+        )
+        .await
+    }
+
+    async fn run_fence(
+        &self,
+        fencer: &dyn Fencer,
+        victim: Victim,
+        trigger: Trigger,
+        guard: ClaimGuard,
+    ) -> FenceState {
         let mut critical = 0;
         let (mut run, _) = FenceRun::new(
             victim.clone(),
@@ -352,10 +377,7 @@ impl Controller {
             Instant::now(),
         );
         let (mut claimed, claim_rts) = count_round_trips(async {
-            fail::fail_point!("fence::claim", |_| Err(StoreError::Malformed {
-                key: "fail point".into(),
-                what: "fence::claim".into()
-            }));
+            fault(FenceStep::Claim).await.map_err(fault_error)?;
             self.claim_with_retry(&victim, guard).await
         })
         .await;
@@ -422,10 +444,7 @@ impl Controller {
                 Some((generation_rev, claim_rev, arenas)),
             ) => {
                 let bump = async {
-                    fail::fail_point!("fence::bump", |_| Err(StoreError::Malformed {
-                        key: "fail point".into(),
-                        what: "fence::bump".into()
-                    }));
+                    fault(FenceStep::Bump).await.map_err(fault_error)?;
                     let json = serde_json::to_string(&*audit).unwrap_or_default();
                     self.store
                         .finish(
@@ -472,10 +491,7 @@ impl Controller {
                     "fence NOT confirmed: generation not bumped, fence stays owed (sweep retries)"
                 );
                 let abort = async {
-                    fail::fail_point!("fence::release_claim", |_| Err(StoreError::Malformed {
-                        key: "fail point".into(),
-                        what: "fence::release_claim".into()
-                    }));
+                    fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
                     self.store
                         .abort(
                             &victim.node,

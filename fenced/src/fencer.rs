@@ -49,6 +49,156 @@ pub trait Fencer: Send + Sync + fmt::Debug {
     fn fence<'a>(&'a self, victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>>;
 }
 
+/// What a `fence::<step>` fail point did to the fence that reached it.
+///
+/// Fail points (feature `failpoints`; without it they compile to nothing) sit before
+/// each etcd transaction and device command of a fence and are named after the first
+/// protocol step that command performs: `fence::claim` (the claim transaction:
+/// `record_intent`, `claim`, `recheck_intent`, `read_generation`), `fence::sever` (the
+/// preempt), `fence::verify` (the report re-read), `fence::bump` (the finishing
+/// transaction: `bump` … `release_claim`) and `fence::release_claim` (a failed fence
+/// giving its claim back). Steps inside one transaction are atomic, so they cannot
+/// fail apart.
+///
+/// A point is configured with the `fail` crate. `return` without an argument fails the
+/// step in every controller. `return(TARGET=EFFECT,...)` chooses per controller:
+/// TARGET is a controller id, or an id prefix ending in `*`; EFFECT is `error`,
+/// `sleep:MS` (the fence waits MS milliseconds, without blocking a thread) or `crash`
+/// (the fence stops at the point for good, so a test can abort the controller while
+/// it is stopped mid-step: a crash at exactly that step). `fail`'s own `sleep(MS)`
+/// and `pause` work too, but block the thread.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultEffect {
+    /// The step failed (the fence stays owed).
+    Error,
+    /// The step was delayed.
+    Sleep(std::time::Duration),
+    /// The fence stopped at the step, for good.
+    Crash,
+}
+
+/// One fail point that acted on a fence (feature `failpoints`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FaultHit {
+    /// The controller whose fence reached the point (empty: not run by a controller).
+    pub controller: String,
+    /// The fence's victim (empty: not run by a controller).
+    pub node: String,
+    /// The point's step.
+    pub step: FenceStep,
+    /// What it did.
+    pub effect: FaultEffect,
+}
+
+#[cfg(feature = "failpoints")]
+tokio::task_local! {
+    /// (controller id, victim) of the fence running in this task.
+    static FAULT_SCOPE: (String, String);
+}
+
+#[cfg(feature = "failpoints")]
+static FAULT_HITS: std::sync::Mutex<Vec<FaultHit>> = std::sync::Mutex::new(Vec::new());
+
+/// The fail point hits so far of the controllers whose id starts with `prefix`
+/// (feature `failpoints`).
+#[cfg(feature = "failpoints")]
+pub fn fault_hits(prefix: &str) -> Vec<FaultHit> {
+    FAULT_HITS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .filter(|h| h.controller.starts_with(prefix))
+        .cloned()
+        .collect()
+}
+
+/// Runs `f`, controller `controller`'s fence of `victim`, so that fail points can
+/// target it.
+pub(crate) async fn fault_scope<F: Future>(controller: &str, victim: &Victim, f: F) -> F::Output {
+    #[cfg(feature = "failpoints")]
+    {
+        FAULT_SCOPE
+            .scope((controller.to_owned(), victim.node.to_string()), f)
+            .await
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = (controller, victim);
+        f.await
+    }
+}
+
+/// The configured argument of `step`'s fail point: `None` when it does not act,
+/// `Some(None)` for a bare `return`.
+#[cfg(feature = "failpoints")]
+fn fault_config(step: FenceStep) -> Option<Option<String>> {
+    let name = format!("fence::{}", step.name());
+    fail::fail_point!(&name, Some);
+    None
+}
+
+/// Which effect `arg` (`TARGET=EFFECT,...`) has on `controller`; the first matching
+/// entry wins.
+#[cfg(feature = "failpoints")]
+fn fault_effect(arg: &str, controller: &str) -> Option<FaultEffect> {
+    arg.split(',').find_map(|entry| {
+        let (target, effect) = entry.trim().split_once('=')?;
+        let hit = match target.strip_suffix('*') {
+            Some(prefix) => controller.starts_with(prefix),
+            None => controller == target,
+        };
+        if !hit {
+            return None;
+        }
+        Some(match effect.split_once(':') {
+            None if effect == "crash" => FaultEffect::Crash,
+            Some(("sleep", ms)) => FaultEffect::Sleep(std::time::Duration::from_millis(
+                ms.parse().unwrap_or_else(|_| {
+                    tracing::warn!(entry, "fail point: bad sleep, using 100 ms");
+                    100
+                }),
+            )),
+            _ => FaultEffect::Error,
+        })
+    })
+}
+
+/// `step`'s fail point (see [`FaultEffect`]). `Err`: the step fails with this message.
+pub(crate) async fn fault(step: FenceStep) -> Result<(), String> {
+    #[cfg(feature = "failpoints")]
+    {
+        let Some(arg) = fault_config(step) else {
+            return Ok(());
+        };
+        let (controller, node) = FAULT_SCOPE.try_with(Clone::clone).unwrap_or_default();
+        let effect = match arg.as_deref() {
+            None | Some("") => FaultEffect::Error,
+            Some(arg) => match fault_effect(arg, &controller) {
+                Some(e) => e,
+                None => return Ok(()),
+            },
+        };
+        tracing::warn!(step = %step, controller = %controller, node = %node, ?effect, "fail point");
+        FAULT_HITS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(FaultHit {
+                controller,
+                node,
+                step,
+                effect,
+            });
+        match effect {
+            FaultEffect::Error => return Err(format!("fail point fence::{}", step.name())),
+            FaultEffect::Sleep(d) => tokio::time::sleep(d).await,
+            FaultEffect::Crash => std::future::pending::<()>().await,
+        }
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = step;
+    Ok(())
+}
+
 /// Single-signal mode: the generation is bumped on lease expiry alone. It stops a node
 /// publishing metadata, not writing bytes, so arenas are never released.
 #[derive(Debug, Default, Clone, Copy)]
@@ -165,7 +315,9 @@ impl NvmeFencer {
         self
     }
 
-    fn blocking(&self, victim_key: Key) -> Result<Confirmation, FenceError> {
+    /// `sever`: preempt (and abort) the victim's key. The device's answer is kept for
+    /// `verify`, which decides from the report, not from this answer.
+    fn preempt(&self, victim_key: Key) -> Result<nvme_resv::Result<()>, FenceError> {
         if victim_key == self.own_key {
             return Err(FenceError::new(
                 FenceStep::Sever,
@@ -175,25 +327,32 @@ impl NvmeFencer {
                 ),
             ));
         }
-        let racqa = match self.mode {
-            PreemptMode::PreemptAndAbort => AcquireAction::PreemptAndAbort,
-            PreemptMode::Preempt => AcquireAction::Preempt,
-        };
         let cmd = Acquire {
-            racqa,
+            racqa: self.racqa(),
             rtype: RESERVATION_TYPE,
             crkey: self.own_key,
             prkey: victim_key,
             iekey: false,
         };
-        let preempt = self.device.acquire(&cmd);
-        fail::fail_point!("fence::verify", |_| Err(FenceError::new(
-            FenceStep::Verify,
-            "fail point fence::verify"
-        )));
-        // Verify from the device whatever the preempt said: a preempt that reports
-        // success while the registration survives is a failed fence, and a preempt of
-        // a key that is already absent (a retry) is a conflict but a confirmed fence.
+        Ok(self.device.acquire(&cmd))
+    }
+
+    fn racqa(&self) -> AcquireAction {
+        match self.mode {
+            PreemptMode::PreemptAndAbort => AcquireAction::PreemptAndAbort,
+            PreemptMode::Preempt => AcquireAction::Preempt,
+        }
+    }
+
+    /// `verify`: re-read the report whatever the preempt said. A preempt that reports
+    /// success while the registration survives is a failed fence, and a preempt of a
+    /// key that is already absent (a retry) is a conflict but a confirmed fence.
+    fn verify(
+        &self,
+        victim_key: Key,
+        preempt: nvme_resv::Result<()>,
+    ) -> Result<Confirmation, FenceError> {
+        let racqa = self.racqa();
         let report = self.device.report().map_err(|e| FenceError {
             step: FenceStep::Verify,
             message: format!("reservation report failed: {e}"),
@@ -248,18 +407,27 @@ impl Fencer for NvmeFencer {
         "nvme"
     }
     fn fence<'a>(&'a self, victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
-        let this = self.clone();
         let key = (self.key_of)(victim.node.as_str());
         Box::pin(async move {
-            fail::fail_point!("fence::sever", |_| Err(FenceError::new(
-                FenceStep::Sever,
-                "fail point fence::sever"
-            )));
-            tokio::task::spawn_blocking(move || this.blocking(key))
+            let lost = |step, e: tokio::task::JoinError| {
+                FenceError::new(step, format!("fencer task failed: {e}"))
+            };
+            fault(FenceStep::Sever)
                 .await
-                .map_err(|e| {
-                    FenceError::new(FenceStep::Sever, format!("fencer task failed: {e}"))
-                })?
+                .map_err(|m| FenceError::new(FenceStep::Sever, m))?;
+            let this = self.clone();
+            let preempt = tokio::task::spawn_blocking(move || this.preempt(key))
+                .await
+                .map_err(|e| lost(FenceStep::Sever, e))??;
+            // Between the two device commands: a crash here leaves the key preempted
+            // and the fence unconfirmed (the claim expires, another controller retries).
+            fault(FenceStep::Verify)
+                .await
+                .map_err(|m| FenceError::new(FenceStep::Verify, m))?;
+            let this = self.clone();
+            tokio::task::spawn_blocking(move || this.verify(key, preempt))
+                .await
+                .map_err(|e| lost(FenceStep::Verify, e))?
         })
     }
 }

@@ -1,0 +1,918 @@
+//! Randomized fault schedules on a real etcd (issue 8): three in-process controllers
+//! per schedule fence agents that die (lease revoked, or left to expire) while fail
+//! points make fence steps fail, stall, or crash the controller in the middle of the
+//! step (the controller's task is aborted while its fence is stopped at the point).
+//!
+//! After each schedule settles: every dead node was bumped exactly once, no arena was
+//! returned to the free pool while its owner's key was still registered on the shared
+//! namespace (checked by a watch on the free pool, at the moment each release lands),
+//! the audit records agree, nothing is owed and no claim is left behind; the node that
+//! stayed alive and the node that left cleanly were not fenced.
+//!
+//! One etcd serves every schedule; each has its own key root, namespace and names, and
+//! many run at once. Fail points are process-global, so each schedule's faults target
+//! its own controllers by id (`fenced::fencer::FaultEffect` documents the syntax).
+//!
+//! `cargo test -p fenced --features failpoints --test fault_schedules -- --nocapture`
+//! Environment: `FENCED_FAULT_SEED` (base seed; printed, random by default),
+//! `FENCED_FAULT_SCHEDULES` (default 200), `FENCED_FAULT_ONLY` (run one schedule, by
+//! index), `FENCED_FAULT_PARALLEL` (schedules at once, default 20). A schedule's plan
+//! is reproduced exactly from the seed and index; its timing is not.
+#![cfg(feature = "failpoints")]
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::device::{Namespace, can_write};
+use common::*;
+use etcd_client::{EventType, WatchOptions};
+use fenced::agent::Agent;
+use fenced::controller::Controller;
+use fenced::core::FenceStep;
+use fenced::fencer::{FaultEffect, FaultHit, NvmeFencer, PreemptMode, fault_hits};
+use fenced::store::EtcdStore;
+use nvme_resv::{Cptpl, Key, Register, RegisterAction, Reservations};
+use tokio::task::JoinHandle;
+
+/// The fence steps that have a fail point.
+const STEPS: [FenceStep; 5] = [
+    FenceStep::Claim,
+    FenceStep::Sever,
+    FenceStep::Verify,
+    FenceStep::Bump,
+    FenceStep::ReleaseClaim,
+];
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| {
+        let v = v.trim();
+        match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).ok(),
+            None => v.parse().ok(),
+        }
+    })
+}
+
+/// splitmix64: small, seedable, good enough to pick schedules.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64, index: u64) -> Self {
+        Self(seed ^ index.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+    }
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        lo + self.below(hi - lo + 1)
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The step fails, `budget` times.
+    Error { budget: usize },
+    /// The step waits `ms`, `budget` times.
+    Sleep { ms: u64, budget: usize },
+    /// The controller crashes at the step (once).
+    Crash,
+}
+
+impl Kind {
+    fn effect(self) -> String {
+        match self {
+            Kind::Error { .. } => "error".into(),
+            Kind::Sleep { ms, .. } => format!("sleep:{ms}"),
+            Kind::Crash => "crash".into(),
+        }
+    }
+    fn budget(self) -> usize {
+        match self {
+            Kind::Error { budget } | Kind::Sleep { budget, .. } => budget,
+            Kind::Crash => 1,
+        }
+    }
+    fn matches(self, effect: FaultEffect) -> bool {
+        matches!(
+            (self, effect),
+            (Kind::Error { .. }, FaultEffect::Error)
+                | (Kind::Sleep { .. }, FaultEffect::Sleep(_))
+                | (Kind::Crash, FaultEffect::Crash)
+        )
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Fault {
+    step: FenceStep,
+    /// A controller id, or the schedule's prefix followed by `*`.
+    target: String,
+    kind: Kind,
+}
+
+impl Fault {
+    fn point(&self) -> String {
+        format!("fence::{}", self.step.name())
+    }
+    fn covers(&self, hit: &FaultHit) -> bool {
+        let target = match self.target.strip_suffix('*') {
+            Some(prefix) => hit.controller.starts_with(prefix),
+            None => hit.controller == self.target,
+        };
+        target && hit.step == self.step && self.kind.matches(hit.effect)
+    }
+}
+
+/// One dying node: its arenas and whether its lease is revoked (else it expires).
+#[derive(Debug, Clone)]
+struct Victim {
+    node: String,
+    arenas: usize,
+    revoke: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    prefix: String,
+    victims: Vec<Victim>,
+    /// A node that stays alive (never fenced), with this many arenas.
+    survivor: Option<usize>,
+    /// A node that leaves cleanly (departure honoured, never fenced).
+    leaver: Option<usize>,
+    faults: Vec<Fault>,
+    /// How long a crashed controller stays down before it restarts.
+    restart_ms: u64,
+}
+
+impl Plan {
+    fn new(seed: u64, index: usize) -> Self {
+        let mut rng = Rng::new(seed, index as u64);
+        let prefix = format!("s{index}-");
+        let victims = (0..rng.range(1, 3))
+            .map(|v| Victim {
+                node: format!("{prefix}v{v}"),
+                arenas: rng.range(0, 2) as usize,
+                revoke: rng.chance(70),
+            })
+            .collect();
+        let survivor = rng.chance(50).then(|| rng.range(0, 2) as usize);
+        let leaver = rng.chance(25).then(|| rng.range(0, 2) as usize);
+        let mut faults = Vec::new();
+        let wide = format!("{prefix}*");
+        for _ in 0..(if rng.chance(35) { 2 } else { 1 }) {
+            let step = STEPS[rng.below(STEPS.len() as u64) as usize];
+            let kind = match rng.below(100) {
+                0..40 => Kind::Error {
+                    budget: rng.range(1, 4) as usize,
+                },
+                40..65 => Kind::Sleep {
+                    ms: if rng.chance(15) {
+                        // Longer than the claim TTL: the claim expires under the fence.
+                        rng.range(3200, 4000)
+                    } else {
+                        rng.range(20, 800)
+                    },
+                    budget: rng.range(1, 3) as usize,
+                },
+                _ => Kind::Crash,
+            };
+            // A crash past the claim reaches only the controller that won it, so it
+            // targets the whole schedule; errors, sleeps and claim crashes pick one
+            // controller or all.
+            let target = if (kind == Kind::Crash && step != FenceStep::Claim) || rng.chance(50) {
+                wide.clone()
+            } else {
+                format!("{prefix}c{}", rng.range(1, 3))
+            };
+            if step == FenceStep::ReleaseClaim {
+                // `release_claim` runs only after a failed sever or verify.
+                faults.push(Fault {
+                    step: if rng.chance(50) {
+                        FenceStep::Sever
+                    } else {
+                        FenceStep::Verify
+                    },
+                    target: target.clone(),
+                    kind: Kind::Error {
+                        budget: rng.range(1, 3) as usize,
+                    },
+                });
+            }
+            faults.push(Fault { step, target, kind });
+        }
+        // One fault per (point, target): the fail point's argument holds one effect each.
+        let mut seen = Vec::new();
+        faults.retain(|f| {
+            let key = (f.point(), f.target.clone());
+            let fresh = !seen.contains(&key);
+            seen.push(key);
+            fresh
+        });
+        // A crash is checked against the claim it holds: no sleep may outlive the claim.
+        if faults.iter().any(|f| f.kind == Kind::Crash) {
+            for f in &mut faults {
+                if let Kind::Sleep { ms, .. } = &mut f.kind {
+                    *ms = (*ms).min(800);
+                }
+            }
+        }
+        Self {
+            prefix,
+            victims,
+            survivor,
+            leaver,
+            faults,
+            restart_ms: rng.range(0, 1500),
+        }
+    }
+
+    fn controllers(&self) -> Vec<String> {
+        (1..=3).map(|c| format!("{}c{c}", self.prefix)).collect()
+    }
+}
+
+/// Every active fault, by fail point and target; each point's `fail` configuration is
+/// rebuilt from this when it changes (all schedules share the process's fail points).
+static TABLE: Mutex<BTreeMap<String, BTreeMap<String, String>>> = Mutex::new(BTreeMap::new());
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn set_fault(f: &Fault, on: bool) {
+    let mut table = lock(&TABLE);
+    let entries = table.entry(f.point()).or_default();
+    if on {
+        entries.insert(f.target.clone(), f.kind.effect());
+    } else {
+        entries.remove(&f.target);
+    }
+    if entries.is_empty() {
+        fail::remove(f.point());
+    } else {
+        let arg = entries
+            .iter()
+            .map(|(t, e)| format!("{t}={e}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        fail::cfg(f.point(), &format!("return({arg})")).expect("fail point configuration");
+    }
+}
+
+/// What all schedules did (the summary line).
+#[derive(Debug, Default)]
+struct Totals {
+    schedules: usize,
+    victims: usize,
+    revoked: usize,
+    expired: usize,
+    survivors: usize,
+    leavers: usize,
+    /// Fail point hits by (step, effect).
+    hits: BTreeMap<(String, &'static str), usize>,
+    /// Controllers aborted while stopped at a point, by step.
+    crashes: BTreeMap<String, usize>,
+    restarts: usize,
+    long_sleeps: usize,
+    arenas_released: usize,
+    failed_attempts_audited: usize,
+    settle_ms: Vec<u64>,
+}
+
+fn effect_name(e: FaultEffect) -> &'static str {
+    match e {
+        FaultEffect::Error => "error",
+        FaultEffect::Sleep(_) => "sleep",
+        FaultEffect::Crash => "crash",
+    }
+}
+
+struct Ctl {
+    id: String,
+    task: Option<JoinHandle<()>>,
+}
+
+/// The per-schedule world: a root on the shared etcd, a namespace, three controllers.
+struct World {
+    endpoint: String,
+    root: String,
+    ns: Namespace,
+    store: EtcdStore,
+}
+
+impl World {
+    async fn connect(&self) -> Result<EtcdStore, String> {
+        EtcdStore::connect(std::slice::from_ref(&self.endpoint), &self.root, CLAIM_TTL)
+            .await
+            .map_err(|e| format!("connect: {e}"))
+    }
+
+    fn can_write(&self, n: &str) -> bool {
+        can_write(&self.ns.host(host_id(n)))
+    }
+
+    async fn start_controller(&self, id: &str) -> Result<Ctl, String> {
+        let fencer = NvmeFencer::new(
+            Arc::new(self.ns.host(host_id(id))),
+            key_of(id),
+            PreemptMode::PreemptAndAbort,
+        );
+        let mut cfg = fenced::controller::ControllerConfig::new(id);
+        cfg.sweep_interval = Duration::from_millis(500);
+        let controller = Controller::new(self.connect().await?, Arc::new(fencer), cfg);
+        let task = Some(controller.spawn());
+        Ok(Ctl {
+            id: id.to_owned(),
+            task,
+        })
+    }
+
+    async fn agent(&self, c: &Cluster, n: &str, arenas: usize) -> Result<RunningAgent, String> {
+        let agent = Agent::start(
+            self.connect().await?,
+            c.agent_cfg(n, arenas),
+            Some(Arc::new(self.ns.host(host_id(n)))),
+            key_of(n),
+        )
+        .await
+        .map_err(|e| format!("agent {n} start: {e}"))?;
+        Ok(RunningAgent::spawn(agent))
+    }
+
+    async fn generation(&self, n: &str) -> Result<u64, String> {
+        self.store
+            .generation(&node(n))
+            .await
+            .map(|g| g.0)
+            .map_err(|e| format!("generation of {n}: {e}"))
+    }
+}
+
+/// Registers a controller's own key: a fencer preempts only as a registrant.
+fn register_controller(ns: &Namespace, id: &str) {
+    ns.host(host_id(id))
+        .register(&Register {
+            rrega: RegisterAction::Register,
+            crkey: Key(0),
+            nrkey: key_of(id),
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        })
+        .expect("register the controller's key");
+}
+
+/// Watches the free pool from before the first death: every arena released must
+/// belong to a node whose key is gone from the namespace at that moment.
+fn watch_free_pool(
+    world: &Arc<World>,
+    owners: HashMap<String, String>,
+    alive: Vec<String>,
+    violations: Arc<Mutex<Vec<String>>>,
+) -> impl std::future::Future<Output = Result<JoinHandle<()>, String>> {
+    let world = world.clone();
+    async move {
+        let prefix = world.store.keys().arena_free_prefix();
+        let mut client = world.store.client();
+        let mut stream = client
+            .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
+            .await
+            .map_err(|e| format!("watch free pool: {e}"))?;
+        Ok(tokio::spawn(async move {
+            while let Ok(Some(msg)) = stream.message().await {
+                for ev in msg.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    if ev.event_type() != EventType::Put {
+                        continue;
+                    }
+                    let key = String::from_utf8_lossy(kv.key());
+                    let arena = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
+                    let Some(owner) = owners.get(&arena) else {
+                        continue;
+                    };
+                    if alive.contains(owner) {
+                        lock(&violations).push(format!(
+                            "arena {arena} of live node {owner} returned to the free pool (rev {})",
+                            kv.mod_revision()
+                        ));
+                    } else if world.can_write(owner) {
+                        lock(&violations).push(format!(
+                            "arena {arena} returned to the free pool (rev {}) while its owner \
+                             {owner} can still write (key registered)",
+                            kv.mod_revision()
+                        ));
+                    }
+                }
+            }
+        }))
+    }
+}
+
+/// What one schedule did.
+#[derive(Debug, Default)]
+struct Outcome {
+    hits: Vec<FaultHit>,
+    crashes: Vec<FenceStep>,
+    restarts: usize,
+    arenas_released: usize,
+    failed_attempts_audited: usize,
+    settle: Duration,
+}
+
+/// Checks the state a crashed fence left: the controller really stopped inside `step`.
+async fn check_crash_state(world: &World, hit: &FaultHit) -> Result<(), String> {
+    let status = world.store.status().await.map_err(|e| e.to_string())?;
+    let held = status
+        .claims
+        .iter()
+        .any(|(n, by)| *n == hit.node && *by == hit.controller);
+    let generation = world.generation(&hit.node).await?;
+    let writes = world.can_write(&hit.node);
+    let ok = match hit.step {
+        // Before the claim transaction: nothing of this attempt is in etcd.
+        FenceStep::Claim => true,
+        // Claimed, not yet preempted.
+        FenceStep::Sever => held && writes && generation == 0,
+        // Preempted, not confirmed, not bumped.
+        FenceStep::Verify | FenceStep::Bump => held && !writes && generation == 0,
+        // A failed fence holding its claim.
+        FenceStep::ReleaseClaim => held && generation == 0,
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "crash of {} at {} on {}: claim held {held}, key registered {writes}, generation \
+             {generation} (claims {:?})",
+            hit.controller, hit.step, hit.node, status.claims
+        ))
+    }
+}
+
+async fn run_schedule(
+    c: Arc<Cluster>,
+    seed: u64,
+    index: usize,
+    plan: Plan,
+) -> Result<Outcome, String> {
+    let root = format!("/fault-{seed:016x}/{index}");
+    let world = {
+        let endpoint = c.etcd.endpoint();
+        let store = EtcdStore::connect(std::slice::from_ref(&endpoint), &root, CLAIM_TTL)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        Arc::new(World {
+            endpoint,
+            root,
+            ns: Namespace::new(),
+            store,
+        })
+    };
+    let ids = plan.controllers();
+    for id in &ids {
+        register_controller(&world.ns, id);
+    }
+    let p = &plan.prefix;
+    let wanted = plan.victims.iter().map(|v| v.arenas).sum::<usize>()
+        + plan.survivor.unwrap_or(0)
+        + plan.leaver.unwrap_or(0);
+    let arenas: Vec<String> = (0..wanted).map(|a| format!("{p}a{a}")).collect();
+    world
+        .store
+        .add_free_arenas(&arenas)
+        .await
+        .map_err(|e| e.to_string())?;
+
+    // Agents first (their arenas are known before anyone dies), then the controllers.
+    let mut victims = Vec::new();
+    for v in &plan.victims {
+        victims.push(world.agent(&c, &v.node, v.arenas).await?);
+    }
+    let survivor_name = format!("{p}live");
+    let survivor = match plan.survivor {
+        Some(n) => Some(world.agent(&c, &survivor_name, n).await?),
+        None => None,
+    };
+    let leaver_name = format!("{p}leaves");
+    let leaver = match plan.leaver {
+        Some(n) => Some(world.agent(&c, &leaver_name, n).await?),
+        None => None,
+    };
+    let mut owners = HashMap::new();
+    for a in victims.iter().chain(&survivor) {
+        for arena in &a.arenas {
+            owners.insert(arena.clone(), a.node.to_string());
+        }
+    }
+    let violations = Arc::new(Mutex::new(Vec::new()));
+    let alive = survivor.iter().map(|a| a.node.to_string()).collect();
+    let watcher = watch_free_pool(&world, owners, alive, violations.clone()).await?;
+    let mut ctls = Vec::new();
+    for id in &ids {
+        ctls.push(world.start_controller(id).await?);
+    }
+
+    let result = drive(&world, &plan, &mut ctls, &victims, leaver).await;
+
+    for ctl in &mut ctls {
+        if let Some(t) = ctl.task.take() {
+            t.abort();
+        }
+    }
+    for f in &plan.faults {
+        set_fault(f, false);
+    }
+    if let Some(s) = &survivor {
+        s.kill();
+        let _ = world.store.revoke(s.lease).await;
+    }
+    watcher.abort();
+    let mut outcome = result?;
+    let found = lock(&violations).clone();
+    if !found.is_empty() {
+        return Err(found.join("; "));
+    }
+
+    // Nodes that stayed alive or left cleanly were never fenced.
+    if let Some(s) = &survivor {
+        let g = world.generation(&survivor_name).await?;
+        if g != 0 {
+            return Err(format!("live node {} was bumped to {g}", s.node));
+        }
+        if !world.can_write(&survivor_name) {
+            return Err(format!("live node {} lost its key", s.node));
+        }
+    }
+    if plan.leaver.is_some() {
+        let g = world.generation(&leaver_name).await?;
+        if g != 0 {
+            return Err(format!(
+                "node {leaver_name} left cleanly but was bumped to {g}"
+            ));
+        }
+    }
+    // Audit: one confirmed bump per dead node; arenas released only with a confirmed
+    // severance.
+    for v in &plan.victims {
+        let records = world
+            .store
+            .audit_records(&node(&v.node))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut bumps = 0;
+        for r in &records {
+            let result = r["fencer_result"].as_str().unwrap_or_default();
+            let released = r["arenas_released"].as_array().map_or(0, Vec::len);
+            let after = r["generation_after"].as_u64().unwrap_or_default();
+            if after == 1 {
+                bumps += 1;
+                outcome.arenas_released += released;
+            } else {
+                outcome.failed_attempts_audited += 1;
+            }
+            if released > 0 && result != "confirmed" {
+                return Err(format!(
+                    "{}: arenas released by an unconfirmed fence: {r}",
+                    v.node
+                ));
+            }
+        }
+        if bumps != 1 {
+            return Err(format!(
+                "{}: {bumps} audited bumps (want 1): {records:?}",
+                v.node
+            ));
+        }
+    }
+    outcome.hits = fault_hits(p);
+    Ok(outcome)
+}
+
+/// Kills the victims under the plan's faults, crashes and restarts controllers, then
+/// waits for the system to settle and checks it.
+async fn drive(
+    world: &World,
+    plan: &Plan,
+    ctls: &mut [Ctl],
+    victims: &[RunningAgent],
+    leaver: Option<RunningAgent>,
+) -> Result<Outcome, String> {
+    let mut outcome = Outcome::default();
+    for f in &plan.faults {
+        set_fault(f, true);
+    }
+    let mut active: Vec<bool> = vec![true; plan.faults.len()];
+    for (a, v) in victims.iter().zip(&plan.victims) {
+        a.kill();
+        if v.revoke {
+            world
+                .store
+                .revoke(a.lease)
+                .await
+                .map_err(|e| format!("revoke: {e}"))?;
+        }
+    }
+    let leaving = leaver.map(|l| tokio::spawn(l.leave()));
+    let t0 = Instant::now();
+    let mut seen = 0;
+    let mut down: Vec<(usize, Instant)> = Vec::new();
+    let mut last_gen_check = Instant::now();
+    // Fault phase: until every fault is spent, every victim is bumped, or 8 s.
+    loop {
+        let hits = fault_hits(&plan.prefix);
+        for hit in &hits[seen..] {
+            for (i, f) in plan.faults.iter().enumerate() {
+                if active[i] && f.covers(hit) {
+                    let used = hits[..].iter().filter(|h| f.covers(h)).count();
+                    if used >= f.kind.budget() {
+                        set_fault(f, false);
+                        active[i] = false;
+                    }
+                }
+            }
+            if hit.effect == FaultEffect::Crash {
+                let Some(at) = ctls.iter().position(|c| c.id == hit.controller) else {
+                    return Err(format!("unknown controller {}", hit.controller));
+                };
+                if let Some(task) = ctls[at].task.take() {
+                    task.abort();
+                    let _ = task.await;
+                    check_crash_state(world, hit).await?;
+                    outcome.crashes.push(hit.step);
+                    down.push((at, Instant::now()));
+                }
+            }
+        }
+        seen = hits.len();
+        if t0.elapsed() > Duration::from_secs(8) {
+            // Faults that never found their target are dropped.
+            for (f, on) in plan.faults.iter().zip(&mut active) {
+                if *on {
+                    set_fault(f, false);
+                    *on = false;
+                }
+            }
+        }
+        // Restart crashed controllers once their crash fault is spent.
+        let crash_pending = plan
+            .faults
+            .iter()
+            .zip(&active)
+            .any(|(f, on)| *on && f.kind == Kind::Crash);
+        let mut still_down = Vec::new();
+        for (at, since) in down.drain(..) {
+            if !crash_pending && since.elapsed() >= Duration::from_millis(plan.restart_ms) {
+                let id = ctls[at].id.clone();
+                ctls[at] = world.start_controller(&id).await?;
+                outcome.restarts += 1;
+            } else {
+                still_down.push((at, since));
+            }
+        }
+        down = still_down;
+        if down.is_empty() && (!active.iter().any(|a| *a) || t0.elapsed() > Duration::from_secs(8))
+        {
+            break;
+        }
+        if last_gen_check.elapsed() > Duration::from_millis(250) {
+            last_gen_check = Instant::now();
+            let mut all = true;
+            for v in &plan.victims {
+                all &= world.generation(&v.node).await? >= 1;
+            }
+            if all && down.is_empty() {
+                break;
+            }
+        }
+        if t0.elapsed() > Duration::from_secs(20) {
+            return Err(format!(
+                "fault phase did not end: crashed controllers {down:?} not restarted"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for f in &plan.faults {
+        set_fault(f, false);
+    }
+    if let Some(l) = leaving {
+        let exit = l.await.map_err(|e| format!("leaver: {e}"))?;
+        tracing::debug!(?exit, "leaver exited");
+    }
+
+    // Settle: every victim bumped, nothing owed, no claim, no member but the survivor.
+    let settle_from = Instant::now();
+    let deadline = Duration::from_secs(30);
+    loop {
+        let status = world.store.status().await.map_err(|e| e.to_string())?;
+        let mut bumped = true;
+        for v in &plan.victims {
+            bumped &= world.generation(&v.node).await? >= 1;
+        }
+        let dead_member = status
+            .members
+            .iter()
+            .any(|(n, _)| plan.victims.iter().any(|v| v.node == *n));
+        if bumped && status.owed.is_empty() && status.claims.is_empty() && !dead_member {
+            break;
+        }
+        if settle_from.elapsed() > deadline {
+            return Err(format!(
+                "did not settle in {deadline:?}: owed {:?}, claims {:?}, members {:?}, \
+                 generations {:?}",
+                status.owed, status.claims, status.members, status.generations
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    outcome.settle = t0.elapsed();
+    // Late or duplicated events must not bump again: look once more after a while.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let status = world.store.status().await.map_err(|e| e.to_string())?;
+    for v in &plan.victims {
+        let g = world.generation(&v.node).await?;
+        if g != 1 {
+            return Err(format!(
+                "{}: generation {g} after settling (want 1)",
+                v.node
+            ));
+        }
+        if world.can_write(&v.node) {
+            return Err(format!(
+                "{}: bumped but its key is still registered",
+                v.node
+            ));
+        }
+    }
+    if !status.owed.is_empty() || !status.claims.is_empty() {
+        return Err(format!(
+            "after settling: owed {:?}, claims {:?}",
+            status.owed, status.claims
+        ));
+    }
+    // The dead nodes' arenas are all free again.
+    let free = &status.free_arenas;
+    for (a, v) in victims.iter().zip(&plan.victims) {
+        for arena in &a.arenas {
+            if !free.contains(arena) {
+                return Err(format!(
+                    "{}: arena {arena} not back in the free pool",
+                    v.node
+                ));
+            }
+        }
+    }
+    Ok(outcome)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn randomized_fault_schedules_keep_the_invariants() {
+    let scenario = fail::FailScenario::setup();
+    let seed = env_u64("FENCED_FAULT_SEED").unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        Rng::new(t.as_nanos() as u64, u64::from(std::process::id())).next()
+    });
+    let count = env_u64("FENCED_FAULT_SCHEDULES").unwrap_or(200) as usize;
+    let parallel = env_u64("FENCED_FAULT_PARALLEL").unwrap_or(20).max(1) as usize;
+    let only = env_u64("FENCED_FAULT_ONLY").map(|i| i as usize);
+    println!("fault schedules: FENCED_FAULT_SEED={seed:#x}");
+    let indices: Vec<usize> = match only {
+        Some(i) => vec![i],
+        None => (0..count).collect(),
+    };
+    let c = Arc::new(Cluster::new());
+    let started = Instant::now();
+    let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut tasks = Vec::new();
+    for &i in &indices {
+        let plan = Plan::new(seed, i);
+        let (c, gate) = (c.clone(), gate.clone());
+        tasks.push((
+            i,
+            plan.clone(),
+            tokio::spawn(async move {
+                let _permit = gate.acquire_owned().await.expect("semaphore");
+                run_schedule(c, seed, i, plan).await
+            }),
+        ));
+    }
+    let mut totals = Totals::default();
+    let mut failures = Vec::new();
+    for (i, plan, task) in tasks {
+        let r = match task.await {
+            Ok(r) => r,
+            Err(e) => Err(format!("schedule task failed: {e}")),
+        };
+        match r {
+            Ok(o) => {
+                totals.schedules += 1;
+                totals.victims += plan.victims.len();
+                totals.revoked += plan.victims.iter().filter(|v| v.revoke).count();
+                totals.expired += plan.victims.iter().filter(|v| !v.revoke).count();
+                totals.survivors += usize::from(plan.survivor.is_some());
+                totals.leavers += usize::from(plan.leaver.is_some());
+                for h in &o.hits {
+                    *totals
+                        .hits
+                        .entry((h.step.name().to_owned(), effect_name(h.effect)))
+                        .or_default() += 1;
+                    if matches!(h.effect, FaultEffect::Sleep(d) if d > CLAIM_TTL) {
+                        totals.long_sleeps += 1;
+                    }
+                }
+                for s in &o.crashes {
+                    *totals.crashes.entry(s.name().to_owned()).or_default() += 1;
+                }
+                totals.restarts += o.restarts;
+                totals.arenas_released += o.arenas_released;
+                totals.failed_attempts_audited += o.failed_attempts_audited;
+                totals
+                    .settle_ms
+                    .push(u64::try_from(o.settle.as_millis()).unwrap_or(u64::MAX));
+            }
+            Err(e) => failures.push(format!(
+                "schedule {i} (reproduce: FENCED_FAULT_SEED={seed:#x} FENCED_FAULT_ONLY={i}): \
+                 {e}\n  plan: {plan:?}"
+            )),
+        }
+    }
+    let elapsed = started.elapsed();
+    totals.settle_ms.sort_unstable();
+    let mut by_kind: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut detail = String::new();
+    for ((step, kind), n) in &totals.hits {
+        *by_kind.entry(kind).or_default() += n;
+        let _ = write!(detail, " {step}/{kind}={n}");
+    }
+    let crashes: usize = totals.crashes.values().sum();
+    println!(
+        "fault schedules: seed {seed:#x}: {} schedules ok, {} failed, in {:.1} s; victims {} \
+         (revoked {}, expired {}), survivors {}, clean leaves {}; faults injected {} \
+         (error {}, sleep {} of which {} beyond the claim TTL, crash {}):{detail}; \
+         controllers crashed mid-step {crashes} {:?}, restarted {}; arenas released {}, failed \
+         attempts audited {}; settle p50 {} ms max {} ms",
+        totals.schedules,
+        failures.len(),
+        elapsed.as_secs_f64(),
+        totals.victims,
+        totals.revoked,
+        totals.expired,
+        totals.survivors,
+        totals.leavers,
+        by_kind.values().sum::<usize>(),
+        by_kind.get("error").copied().unwrap_or(0),
+        by_kind.get("sleep").copied().unwrap_or(0),
+        totals.long_sleeps,
+        by_kind.get("crash").copied().unwrap_or(0),
+        totals.crashes,
+        totals.restarts,
+        totals.arenas_released,
+        totals.failed_attempts_audited,
+        totals
+            .settle_ms
+            .get(totals.settle_ms.len() / 2)
+            .copied()
+            .unwrap_or(0),
+        totals.settle_ms.last().copied().unwrap_or(0),
+    );
+    scenario.teardown();
+    assert!(
+        failures.is_empty(),
+        "{} of {} schedules broke an invariant (seed {seed:#x}):\n{}",
+        failures.len(),
+        indices.len(),
+        failures.join("\n")
+    );
+    if only.is_none() && count >= 100 {
+        // The run must really have exercised every step with every kind of fault.
+        for step in STEPS {
+            for kind in ["error", "sleep", "crash"] {
+                let n = totals
+                    .hits
+                    .get(&(step.name().to_owned(), kind))
+                    .copied()
+                    .unwrap_or(0);
+                assert!(n > 0, "no {kind} fault hit at {step} in {count} schedules");
+            }
+            assert!(
+                totals.crashes.get(step.name()).copied().unwrap_or(0) > 0,
+                "no controller crashed at {step}"
+            );
+        }
+    }
+}
