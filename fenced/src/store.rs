@@ -228,6 +228,8 @@ pub struct EtcdStore {
     round_trips: Arc<AtomicU64>,
     claim_ttl: Duration,
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
+    /// Ends the endpoint health task with the last clone.
+    _health: Option<Arc<EndpointHealth>>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -285,23 +287,157 @@ fn prefix_keys_only() -> Option<GetOptions> {
     Some(GetOptions::new().with_prefix().with_keys_only())
 }
 
+/// Client-side timeouts of the etcd connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// TCP connect timeout per endpoint.
+    pub connect_timeout: Duration,
+    /// Deadline of each unary request (not of the watch and keepalive streams once
+    /// they are open).
+    pub request_timeout: Duration,
+    /// HTTP/2 keepalive: a PING is sent after this much silence on the connection...
+    pub keepalive_interval: Duration,
+    /// ...and the connection (with every stream on it) is dropped when the PING is not
+    /// answered within this. It only has to notice a dead peer that sent no FIN (a
+    /// partition); a refused or reset connection is noticed at once. Keep it above the
+    /// worst round trip to etcd you tolerate: a timeout breaks the agent's lease
+    /// keepalive stream.
+    pub keepalive_timeout: Duration,
+}
+
+impl Default for StoreOptions {
+    /// Connect 2 s, requests 5 s, PING after 2 s of silence, dropped after 2 s more.
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+            request_timeout: Duration::from_secs(5),
+            keepalive_interval: Duration::from_secs(2),
+            keepalive_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// How often [`EndpointHealth`] probes the endpoints.
+const HEALTH_PERIOD: Duration = Duration::from_millis(500);
+
+/// Keeps the client's balanced channel on the endpoints that accept connections.
+///
+/// etcd-client spreads requests over every endpoint it was given and keeps sending a
+/// share of them to a member that is down, each failing at once with "tcp connect
+/// error" (measured in `tests/etcd_faults.rs`: with one of three members SIGKILLed,
+/// claims, bumps and sweeps kept failing until the test's deadline). This task
+/// connects to each endpoint every [`HEALTH_PERIOD`] and takes the ones that refuse
+/// (or do not answer within the connect timeout) out of the rotation, and puts them
+/// back when they answer again. When none answers, all stay in, so requests fail fast
+/// instead of waiting for an endpoint. A member that accepts connections but does not
+/// serve (stopped, partitioned) is left to the HTTP/2 keepalive and request timeouts.
+struct EndpointHealth {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for EndpointHealth {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// `host:port` of an endpoint URL.
+fn authority(endpoint: &str) -> &str {
+    let rest = endpoint.split_once("://").map_or(endpoint, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+async fn accepts(endpoint: &str, timeout: Duration) -> bool {
+    tokio::time::timeout(timeout, tokio::net::TcpStream::connect(authority(endpoint)))
+        .await
+        .is_ok_and(|r| r.is_ok())
+}
+
+impl EndpointHealth {
+    /// Probes once (so the first request already avoids a dead member), then keeps
+    /// probing in a task.
+    async fn start(client: Client, endpoints: &[String], timeout: Duration) -> Self {
+        let endpoints = endpoints.to_vec();
+        let mut in_rotation = vec![true; endpoints.len()];
+        Self::probe(&client, &endpoints, &mut in_rotation, timeout).await;
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(HEALTH_PERIOD).await;
+                Self::probe(&client, &endpoints, &mut in_rotation, timeout).await;
+            }
+        });
+        Self { task }
+    }
+
+    async fn probe(client: &Client, endpoints: &[String], in_rotation: &mut [bool], t: Duration) {
+        let mut alive = Vec::with_capacity(endpoints.len());
+        for ep in endpoints {
+            alive.push(accepts(ep, t).await);
+        }
+        if !alive.contains(&true) {
+            alive.iter_mut().for_each(|a| *a = true);
+        }
+        for (i, ep) in endpoints.iter().enumerate() {
+            if alive[i] == in_rotation[i] {
+                continue;
+            }
+            let r = if alive[i] {
+                client.add_endpoint(ep).await
+            } else {
+                client.remove_endpoint(ep).await
+            };
+            match r {
+                Ok(()) => {
+                    in_rotation[i] = alive[i];
+                    if alive[i] {
+                        tracing::info!(step = "etcd_endpoint", endpoint = %ep, "etcd endpoint {ep} answers again: back in rotation");
+                    } else {
+                        tracing::warn!(step = "etcd_endpoint", endpoint = %ep, "etcd endpoint {ep} refuses connections: out of rotation until it answers");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(step = "etcd_endpoint", endpoint = %ep, error = %e, "cannot change the client's endpoints");
+                }
+            }
+        }
+    }
+}
+
 impl EtcdStore {
-    /// Connects to `endpoints`, keys under `root`. Fails fast (connect timeout 2 s);
-    /// the caller retries with backoff.
+    /// Connects to `endpoints` with the default [`StoreOptions`], keys under `root`.
+    /// Fails fast (connect timeout 2 s); the caller retries with backoff.
     pub async fn connect(endpoints: &[String], root: &str, claim_ttl: Duration) -> Result<Self> {
-        let opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-        let client = Client::connect(endpoints, Some(opts))
+        Self::connect_with(endpoints, root, claim_ttl, &StoreOptions::default()).await
+    }
+
+    /// Connects to `endpoints` with `opts`, keys under `root`; one read proves that an
+    /// endpoint answers.
+    pub async fn connect_with(
+        endpoints: &[String],
+        root: &str,
+        claim_ttl: Duration,
+        opts: &StoreOptions,
+    ) -> Result<Self> {
+        let copts = ConnectOptions::new()
+            .with_connect_timeout(opts.connect_timeout)
+            .with_timeout(opts.request_timeout)
+            .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+        let client = Client::connect(endpoints, Some(copts))
             .await
             .map_err(|e| StoreError::classify("connect", e))?;
+        let health = match endpoints.len() {
+            0 | 1 => None,
+            _ => Some(Arc::new(
+                EndpointHealth::start(client.clone(), endpoints, opts.connect_timeout).await,
+            )),
+        };
         let store = Self {
             client,
             keys: Keys::new(root),
             round_trips: Arc::new(AtomicU64::new(0)),
             claim_ttl,
             spare: Arc::new(Mutex::new(None)),
+            _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
         store
@@ -545,7 +681,7 @@ impl EtcdStore {
             ops.push(TxnOp::delete(k.arena_node(node, arena), None));
             ops.push(TxnOp::put(k.arena_free(arena), "", None));
         }
-        ops.push(TxnOp::put(k.audit(node, to), audit_json, None));
+        ops.push(TxnOp::put(k.audit(node, to), audit_json.clone(), None));
         ops.push(TxnOp::delete(k.claim(node), None));
         let txn = Txn::new()
             .when(vec![
@@ -556,12 +692,38 @@ impl EtcdStore {
             .or_else(vec![
                 TxnOp::get(k.generation(node), None),
                 TxnOp::get(k.claim(node), None),
+                TxnOp::get(k.audit(node, to), None),
             ]);
-        let resp = self.txn("finish", txn).await?;
+        // A timeout or a lost leader leaves the outcome unknown: the transaction may
+        // have been applied. Retrying is safe (it is conditioned on our claim and the
+        // generation we read, both of which it consumes) and our own audit record
+        // tells a retry that an earlier attempt applied. Without the retry the fence
+        // waits for its claim to expire (claim TTL, 120 s by default) before the
+        // sweep may take it up again: measured in tests/etcd_faults.rs, a leader
+        // SIGKILLed during a fence dropped the proposal and the finish timed out.
+        let t0 = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        let resp = loop {
+            match self.txn("finish", txn.clone()).await {
+                Err(e) if e.is_retryable() && t0.elapsed() + delay < self.claim_ttl => {
+                    tracing::warn!(step = "bump", node = %node, error = %e, "finishing transaction failed, retrying (its outcome is checked)");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                r => break r?,
+            }
+        };
         if resp.succeeded() {
             return Ok(BumpOutcome::Bumped);
         }
         let ops = resp.op_responses();
+        if kvs(&ops[2])
+            .first()
+            .is_some_and(|kv| kv.value() == audit_json.as_bytes())
+        {
+            // An earlier attempt of ours was applied (its answer was lost).
+            return Ok(BumpOutcome::Bumped);
+        }
         let now = match kvs(&ops[0]).first() {
             Some(kv) => parse_u64(kv)?,
             None => 0,
@@ -1017,6 +1179,16 @@ mod tests {
 
     fn status(code: tonic::Code, msg: &str) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn endpoint_authority() {
+        assert_eq!(authority("http://127.0.0.1:2379"), "127.0.0.1:2379");
+        assert_eq!(
+            authority("https://etcd-1.internal:2379/"),
+            "etcd-1.internal:2379"
+        );
+        assert_eq!(authority("10.0.0.1:2379"), "10.0.0.1:2379");
     }
 
     #[test]
