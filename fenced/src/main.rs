@@ -11,7 +11,7 @@ use fenced::agent::{Agent, AgentConfig, AgentExit};
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer, PreemptMode};
 use fenced::node::local_instance_id;
-use fenced::store::{EtcdStore, StoreError};
+use fenced::store::{EtcdStore, StoreError, StoreOptions};
 use serde::Deserialize;
 
 /// Exit code of a daemon that self-fenced.
@@ -186,9 +186,12 @@ struct RunArgs {
     /// Write our pid here (for `fenced leave`).
     #[arg(long, env = "FENCED_PID_FILE")]
     pid_file: Option<PathBuf>,
-    /// Give up connecting to etcd after this many seconds of retries.
-    #[arg(long, default_value = "60")]
-    connect_timeout_secs: u64,
+    /// Give up waiting for etcd at start after this many seconds and exit 1 with an
+    /// error. Without it the daemon waits as long as it takes: it retries with backoff
+    /// (0.5 s doubling up to 10 s) and logs every attempt as "waiting for etcd at
+    /// <endpoints>", so a host whose daemon starts before etcd joins once etcd answers.
+    #[arg(long, env = "FENCED_CONNECT_TIMEOUT_SECS")]
+    connect_timeout_secs: Option<u64>,
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     log_json: bool,
@@ -230,40 +233,83 @@ fn endpoints(cli: Option<Vec<String>>, file: Option<Vec<String>>) -> Vec<String>
         .unwrap_or_else(|| vec!["http://127.0.0.1:2379".to_owned()])
 }
 
+fn key_root(cli: Option<String>, file: Option<String>) -> String {
+    cli.or(file).unwrap_or_else(|| "/fenced/".to_owned())
+}
+
+/// How long `status`, `probe` and `attest` wait for etcd before reporting it
+/// unreachable.
+const CLI_ETCD_WAIT: Duration = Duration::from_secs(5);
+/// Claim TTL of the operator commands' store (only `attest` claims).
+const CLI_CLAIM_TTL: Duration = Duration::from_secs(120);
+/// Longest pause between two attempts to reach etcd.
+const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(10);
+
+/// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
+/// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
+/// never). Errors other than "unavailable" (bad URL, ...) are not retried.
 async fn connect(
     endpoints: &[String],
     root: &str,
     claim_ttl: Duration,
-    give_up: Duration,
+    opts: &StoreOptions,
+    give_up: Option<Duration>,
 ) -> Result<EtcdStore, String> {
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
-    loop {
-        match EtcdStore::connect(endpoints, root, claim_ttl).await {
-            Ok(s) => return Ok(s),
-            Err(e) if t0.elapsed() + delay < give_up => {
-                let why = match &e {
-                    StoreError::Unavailable { .. } => "unreachable".to_owned(),
-                    other => other.to_string(),
-                };
-                eprintln!(
-                    "fenced: etcd {} at {}; retrying in {:.1}s",
-                    why,
-                    endpoints.join(","),
+    let eps = endpoints.join(",");
+    for attempt in 1.. {
+        match EtcdStore::connect_with(endpoints, root, claim_ttl, opts).await {
+            Ok(s) => {
+                if attempt > 1 {
+                    tracing::info!(step = "connect", endpoints = %eps, attempt, waited_s = t0.elapsed().as_secs(), "etcd at {eps} answers; starting");
+                }
+                return Ok(s);
+            }
+            Err(e @ StoreError::Unavailable { .. })
+                if give_up.is_none_or(|g| t0.elapsed() + delay < g) =>
+            {
+                let limit = give_up.map_or("no limit".to_owned(), |g| {
+                    format!("giving up after {}s", g.as_secs())
+                });
+                tracing::warn!(
+                    step = "connect",
+                    endpoints = %eps,
+                    attempt,
+                    error = %e,
+                    "waiting for etcd at {eps}: no endpoint answers (attempt {attempt}, {:.0}s so far, {limit}); retrying in {:.1}s",
+                    t0.elapsed().as_secs_f32(),
                     delay.as_secs_f32()
                 );
                 tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(8));
+                delay = (delay * 2).min(MAX_CONNECT_BACKOFF);
             }
-            Err(e) => {
+            Err(e @ StoreError::Unavailable { .. }) => {
                 return Err(format!(
-                    "etcd unreachable at {} after {:.0}s: {e}",
-                    endpoints.join(","),
+                    "etcd unreachable at {eps} after {:.0}s ({attempt} attempts): {e}",
                     t0.elapsed().as_secs_f32()
                 ));
             }
+            Err(e) => return Err(format!("cannot use etcd at {eps}: {e}")),
         }
     }
+    unreachable!("the loop returns")
+}
+
+/// `status`, `probe` and `attest`: endpoints and root from the flags, the environment
+/// or the config file; connect, waiting at most [`CLI_ETCD_WAIT`].
+async fn connect_from(etcd: EtcdArgs) -> Result<EtcdStore, String> {
+    let file = load_config(etcd.config.as_deref())?;
+    let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
+    let root = key_root(etcd.root, file.root);
+    connect(
+        &eps,
+        &root,
+        CLI_CLAIM_TTL,
+        &StoreOptions::default(),
+        Some(CLI_ETCD_WAIT),
+    )
+    .await
 }
 
 fn init_logging(json: bool) {
@@ -367,11 +413,7 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
         .instance_id
         .or(file.instance_id)
         .unwrap_or_else(local_instance_id);
-    let root = args
-        .etcd
-        .root
-        .or(file.root)
-        .unwrap_or_else(|| "/fenced/".to_owned());
+    let root = key_root(args.etcd.root, file.root);
     let ebs = EbsArgs {
         volume_id: args.ebs_volume_id.or(file.ebs_volume_id),
         region: args.ebs_region.or(file.ebs_region),
@@ -412,7 +454,8 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
         &eps,
         &root,
         claim_ttl,
-        Duration::from_secs(args.connect_timeout_secs),
+        &StoreOptions::default(),
+        args.connect_timeout_secs.map(Duration::from_secs),
     )
     .await?;
     if let Some(arenas) = &args.seed_arenas {
@@ -471,19 +514,7 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
 }
 
 async fn status(etcd: EtcdArgs, output: Output) -> Result<ExitCode, String> {
-    let file = load_config(etcd.config.as_deref())?;
-    let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
-    let root = etcd
-        .root
-        .or(file.root)
-        .unwrap_or_else(|| "/fenced/".to_owned());
-    let store = connect(
-        &eps,
-        &root,
-        Duration::from_secs(120),
-        Duration::from_secs(5),
-    )
-    .await?;
+    let store = connect_from(etcd).await?;
     let s = store.status().await.map_err(|e| e.to_string())?;
     match output {
         Output::Json => println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default()),
@@ -580,19 +611,7 @@ async fn probe(
     }
     if let (Some(node), Some(g)) = (node_id, generation) {
         let node = NodeId::new(&node).map_err(|e| e.to_string())?;
-        let file = load_config(etcd.config.as_deref())?;
-        let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
-        let root = etcd
-            .root
-            .or(file.root)
-            .unwrap_or_else(|| "/fenced/".to_owned());
-        let store = connect(
-            &eps,
-            &root,
-            Duration::from_secs(120),
-            Duration::from_secs(5),
-        )
-        .await?;
+        let store = connect_from(etcd).await?;
         let guard = fenced::guard::GenerationGuard::new(store.keys(), &node, g);
         let key = format!("{}probe/{node}", store.keys().root());
         let resp = store
@@ -630,19 +649,7 @@ async fn attest(
     if reason.trim().is_empty() {
         return Err("--reason must describe your out-of-band evidence".into());
     }
-    let file = load_config(etcd.config.as_deref())?;
-    let eps = endpoints(etcd.etcd_endpoints, file.etcd_endpoints);
-    let root = etcd
-        .root
-        .or(file.root)
-        .unwrap_or_else(|| "/fenced/".to_owned());
-    let store = connect(
-        &eps,
-        &root,
-        Duration::from_secs(120),
-        Duration::from_secs(5),
-    )
-    .await?;
+    let store = connect_from(etcd).await?;
     let (liveness, member) = store.liveness(&node).await.map_err(|e| e.to_string())?;
     if member {
         return Err(format!(
@@ -708,6 +715,17 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !matches!(cli.cmd, Cmd::Run(_)) {
+        // `run` sets up its own logging (text or JSON); the operator commands log
+        // warnings (e.g. waiting for etcd) to stderr.
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_writer(std::io::stderr)
+            .try_init();
+    }
     let r = rt.block_on(async move {
         match cli.cmd {
             Cmd::Run(args) => run(*args).await,
