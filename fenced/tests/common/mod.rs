@@ -1,6 +1,7 @@
 //! Shared test harness: a real etcd per test, the shared namespace, in-process daemons.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod device;
 pub mod etcd;
 

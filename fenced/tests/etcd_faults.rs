@@ -1,0 +1,489 @@
+//! etcd faults on real etcd (Debian's 3.4): a 3-member cluster losing its leader and
+//! then a follower while fences are in flight; the `fenced` binary started before
+//! etcd; etcd behind a proxy that delays every byte.
+//!
+//! Each test prints its measurements (`eprintln!`, shown with `--nocapture`).
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::cluster::{DelayProxy, EtcdCluster, Fleet};
+use common::*;
+use fenced::agent::AgentExit;
+use fenced::core::{Confirmation, Victim};
+use fenced::fencer::{BoxFuture, FenceError, Fencer};
+use fenced::store::EtcdStore;
+use nvme_resv::Reservations;
+
+/// A real NVMe fencer (the in-memory namespace) that takes `delay` before it severs,
+/// so a fence is reliably in flight (claimed, not yet bumped) when etcd is hit.
+#[derive(Debug)]
+struct SlowSever(Arc<dyn Fencer>, Duration);
+
+impl Fencer for SlowSever {
+    fn name(&self) -> &'static str {
+        self.0.name()
+    }
+    fn fence<'a>(&'a self, v: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+        Box::pin(async move {
+            tokio::time::sleep(self.1).await;
+            self.0.fence(v).await
+        })
+    }
+}
+
+/// Completed fences of `n` in its audit records (generation changed).
+async fn fences_of(store: &EtcdStore, n: &str) -> Vec<serde_json::Value> {
+    store
+        .audit_records(&node(n))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a["generation_after"] != a["generation_before"])
+        .collect()
+}
+
+fn registered(host: &device::Host, n: &str) -> bool {
+    host.report()
+        .unwrap()
+        .registrants
+        .iter()
+        .any(|r| r.rkey == key_of(n))
+}
+
+/// Polls every victim's generation (etcd errors during an election are retried) and
+/// returns, per victim, the time from its kill to the first read of generation 1.
+async fn time_to_fence(
+    store: &EtcdStore,
+    killed: &[(&str, Instant)],
+    timeout: Duration,
+) -> Vec<Duration> {
+    let t0 = Instant::now();
+    let mut out: Vec<Option<Duration>> = vec![None; killed.len()];
+    while out.iter().any(Option::is_none) {
+        for (i, (n, at)) in killed.iter().enumerate() {
+            if out[i].is_none()
+                && let Ok((g, _)) = store.generation(&node(n)).await
+            {
+                assert!(g <= 1, "{n} bumped to {g}: more than once");
+                if g == 1 {
+                    out[i] = Some(at.elapsed());
+                }
+            }
+        }
+        assert!(
+            t0.elapsed() < timeout,
+            "not all of {killed:?} fenced within {timeout:?}: {out:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    out.into_iter().map(Option::unwrap).collect()
+}
+
+/// Waits until `n`'s membership key is gone (its lease expired), reading through
+/// elections.
+async fn membership_gone(store: &EtcdStore, a: &RunningAgent, timeout: Duration) {
+    let t0 = Instant::now();
+    loop {
+        if let Ok(false) = store.is_member(&a.node, a.membership_rev).await {
+            return;
+        }
+        assert!(t0.elapsed() < timeout, "{} still a member", a.node);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn ms(d: &[Duration]) -> Vec<u128> {
+    d.iter().map(Duration::as_millis).collect()
+}
+
+fn median(d: &[Duration]) -> Duration {
+    let mut v = d.to_vec();
+    v.sort();
+    v[v.len() / 2]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_then_follower_killed_while_fencing_no_missed_or_double_fence() {
+    let t_test = Instant::now();
+    let mut etcd = EtcdCluster::new(3).start();
+    let fleet = Fleet::new(etcd.endpoints());
+    let store = fleet.store().await;
+    // Three daemons, each connected to all three members; severing takes 400 ms so a
+    // fence is between claim and bump when a member dies.
+    let mut daemons = Vec::new();
+    for n in ["d1", "d2", "d3"] {
+        let f: Arc<dyn Fencer> =
+            Arc::new(SlowSever(fleet.nvme_fencer(n), Duration::from_millis(400)));
+        daemons.push(fleet.daemon_with(n, f).await);
+    }
+    let victims = ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8"];
+    let mut agents = Vec::new();
+    for v in victims {
+        agents.push(fleet.agent(v).await);
+    }
+    let agent = |n: &str| &agents[victims.iter().position(|v| *v == n).unwrap()];
+    const FENCE_WAIT: Duration = Duration::from_secs(25);
+
+    // Baseline: two SIGKILL-style deaths with a healthy cluster.
+    let t = Instant::now();
+    agent("v1").kill();
+    agent("v2").kill();
+    let base = time_to_fence(&store, &[("v1", t), ("v2", t)], FENCE_WAIT).await;
+
+    // Leader loss: three victims die 0.3 s apart; the leader is SIGKILLed 100 ms after
+    // the first one's membership DELETE, while its fence is claimed and severing.
+    let leader = etcd.leader(Duration::from_secs(5)).await;
+    let t3 = Instant::now();
+    agent("v3").kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t4 = Instant::now();
+    agent("v4").kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t5 = Instant::now();
+    agent("v5").kill();
+    membership_gone(&store, agent("v3"), FENCE_WAIT).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let v3_fenced_before_kill = store.generation(&node("v3")).await.unwrap().0 == 1;
+    let tk = Instant::now();
+    etcd.kill(leader);
+    let new_leader = etcd.leader(Duration::from_secs(15)).await;
+    let election = tk.elapsed();
+    assert_ne!(new_leader, leader);
+    let after_leader =
+        time_to_fence(&store, &[("v3", t3), ("v4", t4), ("v5", t5)], FENCE_WAIT).await;
+
+    // Bring the old leader back (quorum survives the next kill), then SIGKILL a
+    // follower the same way and leave it dead.
+    let tr = Instant::now();
+    etcd.restart(leader);
+    let rejoin = tr.elapsed();
+    let leader2 = etcd.leader(Duration::from_secs(10)).await;
+    let follower = (0..etcd.len())
+        .find(|&i| i != leader2 && etcd.running(i))
+        .unwrap();
+    let t6 = Instant::now();
+    agent("v6").kill();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t7 = Instant::now();
+    agent("v7").kill();
+    membership_gone(&store, agent("v6"), FENCE_WAIT).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    etcd.kill(follower);
+    let after_follower = time_to_fence(&store, &[("v6", t6), ("v7", t7)], FENCE_WAIT).await;
+
+    // Two of three members left: a death after the kills is fenced as usual.
+    let t8 = Instant::now();
+    agent("v8").kill();
+    let after_kills = time_to_fence(&store, &[("v8", t8)], FENCE_WAIT).await;
+
+    // Settle (sweeps every 500 ms), then check every invariant the faults could break.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let st = store.status().await.unwrap();
+    assert!(st.owed.is_empty(), "no fence left owed: {:?}", st.owed);
+    assert!(st.claims.is_empty(), "no claim left: {:?}", st.claims);
+    let survivors = fleet.host("d1");
+    let mut triggers = Vec::new();
+    for v in victims {
+        assert_eq!(
+            generation(&store, v).await,
+            1,
+            "{v}: exactly one bump per departure"
+        );
+        assert!(st.done.contains(&(v.into(), 1)), "{v}: fence mark");
+        let audits = fences_of(&store, v).await;
+        assert_eq!(audits.len(), 1, "{v}: one completed fence: {audits:?}");
+        assert_eq!(audits[0]["fencer_result"], "confirmed", "{v}");
+        triggers.push(format!(
+            "{v}:{}",
+            audits[0]["trigger"].as_str().unwrap_or("?")
+        ));
+        assert!(!registered(&survivors, v), "{v}'s key preempted");
+    }
+    // The daemons kept their membership through both kills (no spurious self-fence).
+    for d in &daemons {
+        assert!(
+            !d.agent.task.is_finished(),
+            "{} stopped (self-fenced?)",
+            d.agent.node
+        );
+        assert_eq!(generation(&store, d.agent.node.as_str()).await, 0);
+        assert!(device::can_write(&fleet.host(d.agent.node.as_str())));
+    }
+    let stat = |f: fn(&fenced::controller::ControllerStats) -> u64| -> Vec<u64> {
+        daemons.iter().map(|d| f(d.controller.stats())).collect()
+    };
+    let fenced = stat(|s| s.fenced.load(Ordering::Relaxed));
+    let failed = stat(|s| s.failed.load(Ordering::Relaxed));
+    let watch_starts = stat(|s| s.watch_starts.load(Ordering::Relaxed));
+    assert!(
+        fenced.iter().sum::<u64>() <= victims.len() as u64,
+        "more completed fences than deaths: {fenced:?}"
+    );
+    eprintln!("etcd 3-member cluster, TTL {TTL:?}, sever 400 ms, sweep 500 ms");
+    eprintln!("  kill->bump baseline (healthy):       {:?} ms", ms(&base));
+    eprintln!(
+        "  kill->bump, leader m{} SIGKILLed:     {:?} ms (v3 already bumped at the kill: {v3_fenced_before_kill}); new leader m{} agreed {} ms after the kill",
+        leader + 1,
+        ms(&after_leader),
+        new_leader + 1,
+        election.as_millis()
+    );
+    eprintln!(
+        "  delay from the leader loss (median vs baseline median): {} ms",
+        median(&after_leader)
+            .saturating_sub(median(&base))
+            .as_millis()
+    );
+    eprintln!(
+        "  old leader restarted, healthy in {} ms; follower m{} SIGKILLed: {:?} ms",
+        rejoin.as_millis(),
+        follower + 1,
+        ms(&after_follower)
+    );
+    eprintln!(
+        "  after the kills (2 of 3 members): {:?} ms",
+        ms(&after_kills)
+    );
+    eprintln!(
+        "  controllers fenced {fenced:?} failed attempts {failed:?} watch starts {watch_starts:?}; triggers {triggers:?}"
+    );
+    eprintln!("  test took {:.1} s", t_test.elapsed().as_secs_f32());
+    for d in daemons {
+        d.kill();
+    }
+}
+
+/// A `fenced run` child process, killed (SIGKILL, by PID) on drop.
+struct Daemon(Child, std::path::PathBuf);
+
+impl Daemon {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fenced_run(endpoints: &str, n: &str, dir: &std::path::Path) -> Daemon {
+    let log = dir.join(format!("{n}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args(["run", "--fencer", "none", "--node-id", n, "--root", "/late"])
+        .args(["--etcd-endpoints", endpoints])
+        .args(["--ttl-secs", "2", "--sweep-secs", "1"])
+        .args(["--instance-id", &format!("i-{n}")])
+        .env("FENCED_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Daemon(child, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_started_before_etcd_waits_then_works() {
+    let etcd = EtcdCluster::new(1); // ports chosen, nothing listening yet
+    let dir = tempfile::tempdir().unwrap();
+    let ep = etcd.endpoint(0);
+    let mut n1 = fenced_run(&ep, "n1", dir.path());
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        n1.0.try_wait().unwrap().is_none(),
+        "fenced exited without etcd: {}",
+        n1.log()
+    );
+    let log = n1.log();
+    let waiting: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(&format!("waiting for etcd at {ep}")))
+        .collect();
+    assert!(
+        waiting.len() >= 2 && waiting.iter().all(|l| l.contains("retrying in")),
+        "a clear, repeated waiting line naming the endpoint: {log}"
+    );
+    assert!(!log.contains("panicked"), "{log}");
+    eprintln!("while etcd is down, fenced logs e.g.:\n  {}", waiting[0]);
+
+    let t_up = Instant::now();
+    let etcd = etcd.start();
+    let fleet = Fleet {
+        root: "/late".into(),
+        ..Fleet::new(etcd.endpoints())
+    };
+    let store = fleet.store().await;
+    wait_until("n1 joined", Duration::from_secs(20), || async {
+        store
+            .status()
+            .await
+            .is_ok_and(|s| s.members.iter().any(|(n, _)| n == "n1"))
+    })
+    .await;
+    let joined_after = t_up.elapsed();
+    assert!(n1.log().contains("answers; starting"), "{}", n1.log());
+    // It works: a second daemon killed with SIGKILL is fenced by n1.
+    let mut n2 = fenced_run(&ep, "n2", dir.path());
+    wait_until("n2 joined", Duration::from_secs(20), || async {
+        store
+            .status()
+            .await
+            .is_ok_and(|s| s.members.iter().any(|(n, _)| n == "n2"))
+    })
+    .await;
+    let t = Instant::now();
+    n2.0.kill().unwrap();
+    n2.0.wait().unwrap();
+    let fenced_in = time_to_fence(&store, &[("n2", t)], Duration::from_secs(20)).await;
+    assert_eq!(fences_of(&store, "n2").await.len(), 1);
+    assert!(n1.0.try_wait().unwrap().is_none(), "{}", n1.log());
+    eprintln!(
+        "etcd up -> n1 member in {} ms; SIGKILLed n2 fenced in {} ms (TTL 2 s)",
+        joined_after.as_millis(),
+        fenced_in[0].as_millis()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_etcd_fences_exactly_once_and_no_spurious_self_fence() {
+    let etcd = EtcdCluster::new(1).start();
+    let proxy = DelayProxy::start(etcd.addr(0)).await;
+    let fleet = Fleet::new(vec![proxy.endpoint()]);
+    let direct = fleet.store_on(&etcd.endpoints()).await;
+    let mut daemons = Vec::new();
+    for n in ["d1", "d2", "d3"] {
+        daemons.push(fleet.daemon(n).await);
+    }
+    let v1 = fleet.agent("v1").await;
+    let v2 = fleet.agent("v2").await;
+    // 200 ms each way from now on: every etcd round trip of every daemon costs 400 ms more.
+    const DELAY: Duration = Duration::from_millis(200);
+    proxy.set_delay(DELAY);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    v1.kill();
+    v2.kill();
+    let took = time_to_fence(&direct, &[("v1", t), ("v2", t)], Duration::from_secs(20)).await;
+    // Run on under the delay for more than twice the self-fence margin.
+    tokio::time::sleep((4 * TTL).saturating_sub(t.elapsed())).await;
+    for v in ["v1", "v2"] {
+        assert_eq!(generation(&direct, v).await, 1, "{v}");
+        assert_eq!(fences_of(&direct, v).await.len(), 1, "{v}: one fence");
+    }
+    let st = direct.status().await.unwrap();
+    assert!(st.owed.is_empty() && st.claims.is_empty(), "{st:?}");
+    for d in &daemons {
+        assert!(
+            !d.agent.task.is_finished(),
+            "{} self-fenced at {DELAY:?} each way",
+            d.agent.node
+        );
+    }
+    let rts: Vec<u64> = daemons
+        .iter()
+        .map(|d| {
+            d.controller
+                .stats()
+                .last_fence_round_trips
+                .load(Ordering::Relaxed)
+        })
+        .collect();
+    eprintln!(
+        "slow etcd ({} ms each way): kill->bump {:?} ms (TTL {TTL:?}); fence round trips {rts:?}; no daemon self-fenced in {:.1} s",
+        DELAY.as_millis(),
+        ms(&took),
+        t.elapsed().as_secs_f32()
+    );
+    for d in daemons {
+        d.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn self_fence_threshold_under_etcd_latency() {
+    let etcd = EtcdCluster::new(1).start();
+    let fleet = Fleet::new(etcd.endpoints());
+    let direct = fleet.store().await;
+    // One agent per delay (each way), each behind its own proxy.
+    let delays_ms = [0u64, 150, 250, 300, 350, 450, 700, 1200, 3000];
+    let mut runs = Vec::new();
+    for d in delays_ms {
+        let proxy = DelayProxy::start(etcd.addr(0)).await;
+        let n = format!("lat{d}");
+        let store = fleet.store_on(&[proxy.endpoint()]).await;
+        let a = fleet.agent_with(store, fleet.agent_cfg(&n)).await;
+        runs.push((d, proxy, a));
+    }
+    let t0 = Instant::now();
+    for (d, proxy, _) in &runs {
+        proxy.set_delay(Duration::from_millis(*d));
+    }
+    let margin = 2 * TTL;
+    let observe = 2 * margin + Duration::from_secs(1);
+    let mut fenced_at: Vec<Option<(Duration, bool)>> = vec![None; runs.len()];
+    while t0.elapsed() < observe {
+        for (i, (_, _, a)) in runs.iter().enumerate() {
+            if fenced_at[i].is_none() && a.task.is_finished() {
+                // Was the lease still alive in etcd (a spurious self-fence)?
+                let alive = direct.lease_ttl(a.lease).await.is_ok_and(|t| t > 0);
+                fenced_at[i] = Some((t0.elapsed(), alive));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "agent TTL {TTL:?}, self-fence margin {margin:?}, HTTP/2 keepalive {:?}",
+        fenced::store::StoreOptions::default()
+    );
+    eprintln!("  delay each way | RTT   | self-fenced after | lease alive in etcd then");
+    for ((d, _, _), f) in runs.iter().zip(&fenced_at) {
+        match f {
+            Some((at, alive)) => eprintln!(
+                "  {d:>8} ms    | {:>5} | {:>6} ms         | {alive}",
+                2 * d,
+                at.as_millis()
+            ),
+            None => eprintln!(
+                "  {d:>8} ms    | {:>5} | no ({} s)",
+                2 * d,
+                observe.as_secs()
+            ),
+        }
+    }
+    let mut exits = Vec::new();
+    for (d, _, a) in runs {
+        if a.task.is_finished() {
+            exits.push((d, a.task.await.unwrap()));
+        } else {
+            a.kill();
+        }
+    }
+    // With round trips well below the agent's wait for a renewal (TTL/3) nothing
+    // self-fences.
+    let renewal_wait = TTL / 3;
+    for (i, d) in delays_ms.iter().enumerate() {
+        if Duration::from_millis(2 * d) <= renewal_wait * 4 / 5 {
+            assert!(
+                fenced_at[i].is_none(),
+                "spurious self-fence at {d} ms each way"
+            );
+        }
+    }
+    // An agent that hears nothing back from etcd for longer than the margin stops all
+    // I/O within the margin (+ the 100 ms check period and scheduling slack).
+    let (at, _) = fenced_at[delays_ms.len() - 1].expect("3 s each way self-fences");
+    assert!(at <= margin + Duration::from_millis(1500), "{at:?}");
+    assert!(
+        exits
+            .iter()
+            .all(|(_, e)| matches!(e, AgentExit::SelfFenced { .. })),
+        "{exits:?}"
+    );
+}
