@@ -5,7 +5,11 @@
 //!   store's round-trip counter) and bytes of keys and values read;
 //! - a whole `Controller::sweep_once` that also fences the 1% (`none` fencer):
 //!   wall time and etcd requests;
-//! - a steady-state sweep with nothing owed.
+//! - steady-state sweeps with nothing owed;
+//! - where the read's time goes, interleaved with the reads above: the same 7-range
+//!   transaction issued with etcd-client alone (etcd's work + gRPC + protobuf decode),
+//!   and the same decode the store does into maps, done here on that response with
+//!   fenced's public key parser (`Keys::node_of`) and `BTreeMap`s.
 //!
 //! Quick (default): N = 1 000, 1 repetition. Full (`FENCED_BENCH_FULL=1 cargo bench -p
 //! benches --bench sweep_scale`): N = 1 000 and 10 000, 7 snapshot reads and 5 sweeps.
@@ -14,7 +18,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use benches::{Etcd, Summary, full_mode, samples};
-use etcd_client::{Client, GetOptions, PutOptions, Txn, TxnOp};
+use std::collections::{BTreeMap, BTreeSet};
+
+use etcd_client::{Client, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::NoneFencer;
@@ -113,9 +119,13 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         bytes += bytes_under(&mut client, p, keys_only).await;
     }
 
-    // The sweep's read alone.
+    // The sweep's read alone, interleaved with its breakdown: the bare transaction and
+    // the decode of its response.
     let mut read_lat = Vec::new();
     let mut read_rts = Vec::new();
+    let mut raw_lat = Vec::new();
+    let mut copy_lat = Vec::new();
+    let mut decode_lat = Vec::new();
     for _ in 0..reads {
         let rt0 = store.round_trips();
         let t0 = Instant::now();
@@ -124,6 +134,19 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         read_rts.push(store.round_trips() - rt0);
         assert_eq!(snap.generations.len(), n);
         assert_eq!(snap.members.len(), n - owed.len());
+
+        let t0 = Instant::now();
+        let resp = client.txn(sweep_txn(&keys)).await.expect("bare sweep txn");
+        raw_lat.push(t0.elapsed());
+        // `op_responses()` deep-copies every key and value (etcd-client 0.21 has no
+        // owning accessor); the store calls it once per snapshot.
+        let t0 = Instant::now();
+        let ops = resp.op_responses();
+        copy_lat.push(t0.elapsed());
+        let t0 = Instant::now();
+        let (gens, members) = decode_like_the_store(&keys, &ops);
+        decode_lat.push(t0.elapsed());
+        assert_eq!((gens, members), (n, n - owed.len()));
     }
 
     // Whole sweeps that each fence the owed 1%: reset the owed nodes' fence marks
@@ -165,17 +188,28 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
             .await
             .expect("mark done");
     }
-    let rt0 = ctrl.store().round_trips();
-    let t0 = Instant::now();
-    let report = ctrl.sweep_once().await.expect("sweep");
-    let idle = t0.elapsed();
-    let idle_rts = ctrl.store().round_trips() - rt0;
-    assert_eq!(report.fenced, 0);
+    let mut idle_lat = Vec::new();
+    let mut idle_rts = 0;
+    for _ in 0..sweeps {
+        let rt0 = ctrl.store().round_trips();
+        let t0 = Instant::now();
+        let report = ctrl.sweep_once().await.expect("sweep");
+        idle_lat.push(t0.elapsed());
+        idle_rts = idle_rts.max(ctrl.store().round_trips() - rt0);
+        assert_eq!(report.fenced, 0);
+    }
+    let idle = Summary::of(&idle_lat).expect("samples");
 
     let read = Summary::of(&read_lat).expect("samples");
     let sweep = Summary::of(&sweep_lat).expect("samples");
     let max = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
     println!("sweep_scale[{n}]: snapshot read {read}");
+    let raw = Summary::of(&raw_lat).expect("samples");
+    let copy = Summary::of(&copy_lat).expect("samples");
+    let decode = Summary::of(&decode_lat).expect("samples");
+    println!("sweep_scale[{n}]:   bare etcd-client txn {raw}");
+    println!("sweep_scale[{n}]:   TxnResponse::op_responses() copy {copy}");
+    println!("sweep_scale[{n}]:   decode into maps {decode}");
     println!(
         "sweep_scale[{n}]: snapshot read etcd requests {} (max), bytes of keys+values read {bytes}",
         max(&read_rts)
@@ -186,15 +220,94 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         max(&sweep_rts)
     );
     println!(
-        "sweep_scale[{n}]: steady-state sweep (nothing owed) {:.3}ms, etcd requests {idle_rts}",
-        idle.as_secs_f64() * 1e3
+        "sweep_scale[{n}]: steady-state sweep (nothing owed) {idle}; etcd requests {idle_rts} (max)"
     );
     println!(
-        "BENCH sweep_scale n={n} read_p50_ms={:.3} read_requests={} bytes={bytes} sweep_p50_ms={:.3} sweep_requests={} idle_ms={:.3} idle_requests={idle_rts}",
+        "BENCH sweep_scale n={n} read_p50_ms={:.3} raw_txn_p50_ms={:.3} copy_p50_ms={:.3} decode_p50_ms={:.3} read_requests={} bytes={bytes} sweep_p50_ms={:.3} sweep_requests={} idle_p50_ms={:.3} idle_requests={idle_rts}",
         read.p50.as_secs_f64() * 1e3,
+        raw.p50.as_secs_f64() * 1e3,
+        copy.p50.as_secs_f64() * 1e3,
+        decode.p50.as_secs_f64() * 1e3,
         max(&read_rts),
         sweep.p50.as_secs_f64() * 1e3,
         max(&sweep_rts),
-        idle.as_secs_f64() * 1e3
+        idle.p50.as_secs_f64() * 1e3
     );
+}
+
+/// The sweep's read as `EtcdStore::sweep_snapshot` issues it: one transaction of seven
+/// prefix ranges (the last two keys only).
+fn sweep_txn(keys: &Keys) -> Txn {
+    let all = || Some(GetOptions::new().with_prefix());
+    let keys_only = || Some(GetOptions::new().with_prefix().with_keys_only());
+    Txn::new().and_then(vec![
+        TxnOp::get(keys.generation_prefix(), all()),
+        TxnOp::get(keys.pending_prefix(), all()),
+        TxnOp::get(keys.done_prefix(), all()),
+        TxnOp::get(keys.membership_prefix(), all()),
+        TxnOp::get(keys.departed_prefix(), all()),
+        TxnOp::get(keys.arena_node_all_prefix(), keys_only()),
+        TxnOp::get(keys.claim_prefix(), keys_only()),
+    ])
+}
+
+/// The decode `sweep_snapshot` does (node id parsed and validated from each key, values
+/// copied into `BTreeMap`s), on a response of [`sweep_txn`]. Returns the number of
+/// generations and members decoded.
+fn decode_like_the_store(keys: &Keys, ops: &[TxnOpResponse]) -> (usize, usize) {
+    fn kvs(r: &TxnOpResponse) -> &[KeyValue] {
+        match r {
+            TxnOpResponse::Get(g) => g.kvs(),
+            _ => &[],
+        }
+    }
+    let text = |kv: &KeyValue| String::from_utf8_lossy(kv.value()).into_owned();
+    let mut generations = BTreeMap::new();
+    let mut pending = BTreeMap::new();
+    let mut done = BTreeMap::new();
+    let mut members = BTreeMap::new();
+    let mut departed = BTreeMap::new();
+    let mut arenas: BTreeMap<NodeId, usize> = BTreeMap::new();
+    let mut claims = BTreeSet::new();
+    for kv in kvs(&ops[0]) {
+        if let Some(n) = keys.node_of(&keys.generation_prefix(), kv.key()) {
+            let g: u64 = std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .expect("generation value");
+            generations.insert(n, (g, kv.mod_revision()));
+        }
+    }
+    for kv in kvs(&ops[1]) {
+        if let Some(n) = keys.node_of(&keys.pending_prefix(), kv.key()) {
+            pending.insert(n, (text(kv), kv.mod_revision()));
+        }
+    }
+    for kv in kvs(&ops[2]) {
+        if let Some(n) = keys.node_of(&keys.done_prefix(), kv.key()) {
+            done.insert(n, kv.mod_revision());
+        }
+    }
+    for kv in kvs(&ops[3]) {
+        if let Some(n) = keys.node_of(&keys.membership_prefix(), kv.key()) {
+            members.insert(n, text(kv));
+        }
+    }
+    for kv in kvs(&ops[4]) {
+        if let Some(n) = keys.node_of(&keys.departed_prefix(), kv.key()) {
+            departed.insert(n, (text(kv), kv.mod_revision()));
+        }
+    }
+    for kv in kvs(&ops[5]) {
+        if let Some((n, _)) = keys.arena_node_of(kv.key()) {
+            *arenas.entry(n).or_default() += 1;
+        }
+    }
+    for kv in kvs(&ops[6]) {
+        if let Some(n) = keys.node_of(&keys.claim_prefix(), kv.key()) {
+            claims.insert(n);
+        }
+    }
+    std::hint::black_box((&pending, &done, &departed, &arenas, &claims));
+    (generations.len(), members.len())
 }
