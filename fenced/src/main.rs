@@ -1,5 +1,6 @@
 //! `fenced`: the fencing daemon and its operator CLI.
 
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -192,6 +193,13 @@ struct RunArgs {
     /// <endpoints>", so a host whose daemon starts before etcd joins once etcd answers.
     #[arg(long, env = "FENCED_CONNECT_TIMEOUT_SECS")]
     connect_timeout_secs: Option<u64>,
+    /// Drop an etcd connection whose HTTP/2 PING is not answered within this many
+    /// seconds (the client then reconnects, to another endpoint if this one is dead).
+    /// Default: the larger of 2 s and TTL/2, so a slow but working etcd does not
+    /// break the lease keepalive before the agent itself would give up (it waits
+    /// TTL/3 for each renewal's answer and self-fences after 2 x TTL without one).
+    #[arg(long, env = "FENCED_ETCD_KEEPALIVE_TIMEOUT_SECS")]
+    etcd_keepalive_timeout_secs: Option<u64>,
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     log_json: bool,
@@ -217,6 +225,8 @@ struct FileConfig {
     sweep_secs: Option<u64>,
     arenas: Option<usize>,
     watchdog_device: Option<PathBuf>,
+    connect_timeout_secs: Option<u64>,
+    etcd_keepalive_timeout_secs: Option<u64>,
 }
 
 fn load_config(path: Option<&Path>) -> Result<FileConfig, String> {
@@ -317,6 +327,7 @@ fn init_logging(json: bool) {
         tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG").unwrap_or_else(|_| "info".into());
     let b = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     if json {
         b.json().init();
@@ -450,12 +461,21 @@ async fn run(args: RunArgs) -> Result<ExitCode, String> {
     };
     let own_key = nvme_resv::key_for_node(node.as_str());
     let eps = endpoints(args.etcd.etcd_endpoints, file.etcd_endpoints);
+    let mut store_opts = StoreOptions::for_lease_ttl(ttl);
+    if let Some(s) = args
+        .etcd_keepalive_timeout_secs
+        .or(file.etcd_keepalive_timeout_secs)
+    {
+        store_opts.keepalive_timeout = Duration::from_secs(s.max(1));
+    }
     let store = connect(
         &eps,
         &root,
         claim_ttl,
-        &StoreOptions::default(),
-        args.connect_timeout_secs.map(Duration::from_secs),
+        &store_opts,
+        args.connect_timeout_secs
+            .or(file.connect_timeout_secs)
+            .map(Duration::from_secs),
     )
     .await?;
     if let Some(arenas) = &args.seed_arenas {
@@ -723,6 +743,7 @@ fn main() -> ExitCode {
                 tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
                     .unwrap_or_else(|_| "warn".into()),
             )
+            .with_ansi(std::io::stderr().is_terminal())
             .with_writer(std::io::stderr)
             .try_init();
     }

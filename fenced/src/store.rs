@@ -403,6 +403,21 @@ impl EndpointHealth {
     }
 }
 
+impl StoreOptions {
+    /// The options for an agent whose membership lease has `ttl`: the HTTP/2
+    /// keepalive timeout is at least TTL/2, so it never gives up on a slow connection
+    /// before the agent does (it waits TTL/3 for a renewal's answer). With a fixed 2 s
+    /// an agent with a 9 s lease behind a link of 1.1 s each way self-fenced although
+    /// etcd kept renewing its lease (`tests/etcd_faults.rs`).
+    pub fn for_lease_ttl(ttl: Duration) -> Self {
+        let d = Self::default();
+        Self {
+            keepalive_timeout: d.keepalive_timeout.max(ttl / 2),
+            ..d
+        }
+    }
+}
+
 impl EtcdStore {
     /// Connects to `endpoints` with the default [`StoreOptions`], keys under `root`.
     /// Fails fast (connect timeout 2 s); the caller retries with backoff.

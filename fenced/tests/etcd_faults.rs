@@ -16,7 +16,7 @@ use common::*;
 use fenced::agent::AgentExit;
 use fenced::core::{Confirmation, Victim};
 use fenced::fencer::{BoxFuture, FenceError, Fencer};
-use fenced::store::EtcdStore;
+use fenced::store::{EtcdStore, StoreOptions};
 use nvme_resv::Reservations;
 
 /// A real NVMe fencer (the in-memory namespace) that takes `delay` before it severs,
@@ -440,7 +440,7 @@ async fn self_fence_threshold_under_etcd_latency() {
     }
     eprintln!(
         "agent TTL {TTL:?}, self-fence margin {margin:?}, HTTP/2 keepalive {:?}",
-        fenced::store::StoreOptions::default()
+        StoreOptions::default()
     );
     eprintln!("  delay each way | RTT   | self-fenced after | lease alive in etcd then");
     for ((d, _, _), f) in runs.iter().zip(&fenced_at) {
@@ -486,4 +486,62 @@ async fn self_fence_threshold_under_etcd_latency() {
             .all(|(_, e)| matches!(e, AgentExit::SelfFenced { .. })),
         "{exits:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_keepalive_never_stricter_than_the_agent_on_a_slow_link() {
+    // A 9 s lease: the agent waits TTL/3 = 3 s for a renewal's answer, so a link of
+    // 1.1 s each way (2.2 s round trip) is within what it tolerates. An HTTP/2
+    // keepalive that drops the connection when a PING takes over 2 s breaks the
+    // keepalive stream again and again; the lease options scale it with the TTL.
+    let etcd = EtcdCluster::new(1).start();
+    let fleet = Fleet::new(etcd.endpoints());
+    let direct = fleet.store().await;
+    let ttl = Duration::from_secs(9);
+    let mut runs = Vec::new();
+    for (name, opts) in [
+        ("fixed2s", StoreOptions::default()),
+        ("for_ttl", StoreOptions::for_lease_ttl(ttl)),
+    ] {
+        let proxy = DelayProxy::start(etcd.addr(0)).await;
+        let store = EtcdStore::connect_with(
+            &[proxy.endpoint()],
+            &fleet.root,
+            common::cluster::FLEET_CLAIM_TTL,
+            &opts,
+        )
+        .await
+        .unwrap();
+        let mut cfg = fleet.agent_cfg(name);
+        cfg.ttl = ttl;
+        cfg.self_fence_margin = 2 * ttl;
+        let a = fleet.agent_with(store, cfg).await;
+        runs.push((name, opts, proxy, a));
+    }
+    let t0 = Instant::now();
+    for (_, _, p, _) in &runs {
+        p.set_delay(Duration::from_millis(1100));
+    }
+    let mut fenced: Vec<Option<(Duration, bool)>> = vec![None; runs.len()];
+    while t0.elapsed() < 2 * ttl + Duration::from_secs(2) {
+        for (i, (_, _, _, a)) in runs.iter().enumerate() {
+            if fenced[i].is_none() && a.task.is_finished() {
+                let alive = direct.lease_ttl(a.lease).await.is_ok_and(|t| t > 0);
+                fenced[i] = Some((t0.elapsed(), alive));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for ((name, opts, _, _), f) in runs.iter().zip(&fenced) {
+        eprintln!(
+            "TTL 9 s, 1100 ms each way, HTTP/2 keepalive timeout {:?} ({name}): self-fenced (after, lease alive in etcd) {f:?}",
+            opts.keepalive_timeout
+        );
+    }
+    let (at, lease_alive) = fenced[0].expect("a 2 s PING timeout breaks the 2.2 s link");
+    assert!(lease_alive, "spurious: etcd still had the lease at {at:?}");
+    assert_eq!(fenced[1], None, "the TTL-scaled keepalive keeps the agent");
+    for (_, _, _, a) in runs {
+        a.kill();
+    }
 }
