@@ -47,7 +47,7 @@ mod sys;
 mod writer;
 
 pub use error::{Error, Op, Result};
-pub use options::{EngineKind, Options};
+pub use options::{DEFAULT_FENCE_PROBE_SETTLE, EngineKind, Options};
 #[cfg(feature = "nvme-resv")]
 pub use probe::ReservationProbe;
 pub use probe::{FenceProbe, FenceVerdict, ProbeError};

@@ -1,6 +1,7 @@
 //! [`Options`] for [`DirectWriter::open`](crate::DirectWriter::open).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::probe::FenceProbe;
 
@@ -40,6 +41,9 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
+/// Default of [`Options::fence_probe_settle`].
+pub const DEFAULT_FENCE_PROBE_SETTLE: Duration = Duration::from_secs(1);
+
 /// How to open a [`DirectWriter`](crate::DirectWriter). A builder: start from
 /// `Options::default()` and chain setters.
 #[derive(Debug, Clone)]
@@ -50,6 +54,7 @@ pub struct Options {
     pub(crate) register_file: bool,
     pub(crate) single_issuer: bool,
     pub(crate) fence_probe: Option<Arc<dyn FenceProbe>>,
+    pub(crate) fence_probe_settle: Duration,
 }
 
 impl Default for Options {
@@ -61,6 +66,7 @@ impl Default for Options {
             register_file: true,
             single_issuer: false,
             fence_probe: None,
+            fence_probe_settle: DEFAULT_FENCE_PROBE_SETTLE,
         }
     }
 }
@@ -121,6 +127,20 @@ impl Options {
     /// (feature `nvme-resv`) for an NVMe implementation. Default: none.
     pub fn fence_probe(mut self, probe: Arc<dyn FenceProbe>) -> Self {
         self.fence_probe = Some(probe);
+        self
+    }
+
+    /// How long after a write failed with `EIO` the [fence probe](Options::fence_probe)
+    /// must still say "not fenced" before the failure is reported as an ordinary I/O
+    /// error. Until then a "not fenced" answer is asked again (pauses of 2 ms doubling
+    /// to 50 ms), because a device may fail the preempted host's commands a moment
+    /// before it removes the registration: Linux nvmet (7.3) kills the victim
+    /// controller's command reference, which fails its new commands, before it
+    /// unregisters the victim. A "fenced" answer ends the wait at once, so only genuine
+    /// I/O errors pay it, once per batch of completions reaped together. Default
+    /// [`DEFAULT_FENCE_PROBE_SETTLE`] (1 s).
+    pub fn fence_probe_settle(mut self, settle: Duration) -> Self {
+        self.fence_probe_settle = settle;
         self
     }
 }

@@ -1,8 +1,8 @@
 //! Deciding whether a write that failed with `EIO` was fenced.
 //!
 //! # The problem
-//! A preempt-and-abort removes this host's registration and then aborts the commands
-//! it has in flight. Aborted commands do not come back as a reservation conflict: the
+//! A preempt-and-abort removes this host's registration and aborts the commands it
+//! has in flight. Aborted commands do not come back as a reservation conflict: the
 //! Linux NVMe target (nvmet) completes the requests that arrive while it drains the
 //! victim's controller with Internal Error, a PCIe drive answers *Command Aborted due
 //! to Preempt and Abort*, and the block layer reports both as `EIO` — possibly before
@@ -19,26 +19,43 @@
 //! | state when the `EIO` arrives | result |
 //! |---|---|
 //! | writer already fenced (an earlier `EBADE` or probe) | [`Error::ReservationConflict`](crate::Error::ReservationConflict), no probe |
-//! | probe says [`FenceVerdict::Fenced`] | `ReservationConflict`; the writer becomes fenced |
-//! | probe says [`FenceVerdict::NotFenced`] | [`Error::Io`](crate::Error::Io) (a real I/O error) |
+//! | probe says [`FenceVerdict::Fenced`] (at once or within the settle time) | `ReservationConflict`; the writer becomes fenced |
+//! | probe still says [`FenceVerdict::NotFenced`] when the settle time has passed | [`Error::Io`](crate::Error::Io) (a real I/O error) |
 //! | the probe itself fails | [`Error::FenceUnverified`](crate::Error::FenceUnverified) |
 //! | no probe configured | `Error::Io`, with [`Error::may_be_fenced`](crate::Error::may_be_fenced) true |
 //!
-//! The probe is sound because of how the command is ordered: the specification
-//! describes Preempt and Abort as the preempt (the preempted registrations are removed)
-//! followed by aborting the preempted hosts' commands (NVMe Base Specification 2.0c,
-//! section 8.19, "Preempting a Reservation or Registration"), and nvmet does the same (the registrant is
-//! removed under the reservation lock before the victim's per-controller reference is
-//! killed, which is what fails the in-flight commands). So any `EIO` *caused by* the
-//! abort is observed after the registration is gone, and a Reservation Report issued
-//! after the `EIO` sees it gone. Reservation commands are not subject to the abort, so
-//! the probe works from the victim's own controller while the abort drains it.
+//! ## Why "not fenced" must settle
+//! One report right after the `EIO` is not enough. The specification describes Preempt
+//! and Abort as the preempt (the preempted registrations are removed) followed by
+//! aborting the preempted hosts' commands, but Linux nvmet (7.3) does it the other way
+//! round for each victim: `nvmet_pr_set_ctrl_to_abort` kills the victim controller's
+//! per-namespace command reference — from then on its new commands fail with Internal
+//! Error, `EIO` on the host — waits for that kill to be confirmed (an RCU grace
+//! period), and only then `nvmet_pr_unregister_one` removes the registration. A report
+//! in that window still lists the victim. hwtests caught exactly this: the probe said
+//! "not fenced" three times for `EIO`s of a preempt-and-abort in one of ten rounds.
+//!
+//! So a "not fenced" answer is believed only once it still holds
+//! [`Options::fence_probe_settle`](crate::Options::fence_probe_settle) (default 1 s)
+//! after the failed completion was collected; until then the probe is asked again
+//! (2 ms pauses doubling to 50 ms). "Fenced" ends the wait at once, so a fenced host
+//! is classified in the time of one or a few reports, and only genuine I/O errors pay
+//! the settle time — once per batch of completions collected together, since a report
+//! that settled clears every `EIO` collected at least the settle time before it.
+//! The window on nvmet is one RCU grace period (milliseconds), far below the default.
+//! A device that can take longer between failing a victim's commands and dropping its
+//! registration needs a longer settle time.
+//!
+//! The probe can use the victim's own controller: nvmet dispatches reservation
+//! commands before the per-controller reference is taken, so a Reservation Report
+//! from the victim succeeds while its reads and writes fail.
 //!
 //! The alternative — holding `EIO` completions in a "suspect" state until a later
 //! completion (an `EBADE`) decides — was rejected: nothing guarantees a later
 //! completion (the aborted write may have been the last one queued), a real media error
-//! would be delayed for an unbounded time, and its verdict would rest on timing rather
-//! than on the device's state.
+//! would be delayed for an unbounded time, and a held `EIO` still needs something to
+//! decide it when no `EBADE` follows — which is the device's reservation state, the
+//! probe.
 //!
 //! A probe failure does not fence the writer: the device keeps enforcing the
 //! reservation on every later write (a fenced host's next write fails with `EBADE`), so
@@ -271,8 +288,11 @@ mod tests {
         a.acquire(&Acquire::acquire(KA, WEAR)).expect("acquire");
         b.register(&Register::register(KB)).expect("register B");
         let probe = Arc::new(ReservationProbe::new(ns.host(A), KA).host_id(A));
-        let mut w = DirectWriter::open(&path, Options::default().engine(engine).fence_probe(probe))
-            .expect("open");
+        let opts = Options::default()
+            .engine(engine)
+            .fence_probe(probe)
+            .fence_probe_settle(std::time::Duration::from_millis(50));
+        let mut w = DirectWriter::open(&path, opts).expect("open");
         assert_eq!(w.engine(), engine);
         let mut buf = AlignedBuf::zeroed(w.alignment(), w.alignment()).expect("buf");
         buf.as_mut_slice().fill(0x5e);

@@ -83,7 +83,7 @@ impl SyncEngine {
                     }
                     done = d;
                 }
-                Step::Fail(e) => return self.fence.judge(Err(e)),
+                Step::Fail(e) => return self.fence.judge(Err(e), std::time::Instant::now()),
             }
         }
     }

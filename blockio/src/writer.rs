@@ -6,6 +6,7 @@ use std::os::fd::AsFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Op, Result};
 use crate::options::{EngineKind, Options};
@@ -24,11 +25,25 @@ const MAX_RW_COUNT: usize = 0x7fff_f000;
 pub(crate) struct Fence {
     first: Option<(u64, usize)>,
     probe: Option<Arc<dyn FenceProbe>>,
+    settle: Duration,
+    /// When the latest probe that settled on "not fenced" started: it clears every
+    /// `EIO` observed at least `settle` before that.
+    cleared_at: Option<Instant>,
 }
 
+/// First pause between two probes while a "not fenced" answer settles; doubled each
+/// time up to [`PROBE_PAUSE_MAX`].
+const PROBE_PAUSE_MIN: Duration = Duration::from_millis(2);
+const PROBE_PAUSE_MAX: Duration = Duration::from_millis(50);
+
 impl Fence {
-    pub(crate) fn new(probe: Option<Arc<dyn FenceProbe>>) -> Self {
-        Self { first: None, probe }
+    pub(crate) fn new(probe: Option<Arc<dyn FenceProbe>>, settle: Duration) -> Self {
+        Self {
+            first: None,
+            probe,
+            settle,
+            cleared_at: None,
+        }
     }
 
     pub(crate) fn is_fenced(&self) -> bool {
@@ -53,10 +68,12 @@ impl Fence {
     }
 
     /// Classifies the final result of a request (see the `probe` module for the
-    /// table): an `EBADE` fences; a write failing with `EIO` is a conflict when the
-    /// writer is already fenced or the probe says so. Every engine passes every
-    /// finished request through here.
-    pub(crate) fn judge(&mut self, result: Result<()>) -> Result<()> {
+    /// rules): an `EBADE` fences; a write failing with `EIO` is a conflict when the
+    /// writer is already fenced or the probe finds this host fenced within the settle
+    /// time. `observed` is when the engine collected the failed completion (it
+    /// finished in the kernel before that). Every engine passes every finished request
+    /// through here.
+    pub(crate) fn judge(&mut self, result: Result<()>, observed: Instant) -> Result<()> {
         let (offset, len, source) = match result {
             Err(Error::ReservationConflict { offset, len }) => {
                 self.set(offset, len, "EBADE");
@@ -70,6 +87,12 @@ impl Fence {
             }) if source.raw_os_error() == Some(libc::EIO) => (offset, len, source),
             other => return other,
         };
+        let io = |source| Error::Io {
+            op: Op::Write,
+            offset,
+            len,
+            source,
+        };
         if self.is_fenced() {
             tracing::warn!(
                 offset,
@@ -78,49 +101,59 @@ impl Fence {
             );
             return Err(Error::ReservationConflict { offset, len });
         }
-        let Some(probe) = &self.probe else {
-            return Err(Error::Io {
-                op: Op::Write,
-                offset,
-                len,
-                source,
-            });
+        let Some(probe) = self.probe.clone() else {
+            return Err(io(source));
         };
-        match probe.probe() {
-            Ok(FenceVerdict::Fenced) => {
-                self.set(
-                    offset,
-                    len,
-                    "EIO, and the fence probe found this host fenced",
-                );
-                Err(Error::ReservationConflict { offset, len })
-            }
-            Ok(FenceVerdict::NotFenced) => {
-                tracing::warn!(
-                    offset,
-                    len,
-                    "blockio: write failed with EIO; the fence probe says this host is not fenced"
-                );
-                Err(Error::Io {
-                    op: Op::Write,
-                    offset,
-                    len,
-                    source,
-                })
-            }
-            Err(probe) => {
-                tracing::error!(
-                    offset,
-                    len,
-                    error = %probe,
-                    "blockio: write failed with EIO and the fence probe failed: it may have been fenced"
-                );
-                Err(Error::FenceUnverified {
-                    offset,
-                    len,
-                    source,
-                    probe,
-                })
+        let settled = observed + self.settle;
+        if self.cleared_at.is_some_and(|t| t >= settled) {
+            return Err(io(source));
+        }
+        let mut pause = PROBE_PAUSE_MIN;
+        let mut probes = 0u32;
+        loop {
+            let started = Instant::now();
+            probes += 1;
+            match probe.probe() {
+                Ok(FenceVerdict::Fenced) => {
+                    self.set(
+                        offset,
+                        len,
+                        "EIO, and the fence probe found this host fenced",
+                    );
+                    return Err(Error::ReservationConflict { offset, len });
+                }
+                Ok(FenceVerdict::NotFenced) if started >= settled => {
+                    tracing::warn!(
+                        offset,
+                        len,
+                        probes,
+                        "blockio: write failed with EIO; the fence probe says this host is not fenced"
+                    );
+                    self.cleared_at = Some(started);
+                    return Err(io(source));
+                }
+                Ok(FenceVerdict::NotFenced) => {
+                    // A device may fail the victim's commands a moment before the
+                    // registration disappears (nvmet does): ask again until settled.
+                    std::thread::sleep(
+                        pause.min(settled.saturating_duration_since(Instant::now())),
+                    );
+                    pause = (pause * 2).min(PROBE_PAUSE_MAX);
+                }
+                Err(probe) => {
+                    tracing::error!(
+                        offset,
+                        len,
+                        error = %probe,
+                        "blockio: write failed with EIO and the fence probe failed: it may have been fenced"
+                    );
+                    return Err(Error::FenceUnverified {
+                        offset,
+                        len,
+                        source,
+                        probe,
+                    });
+                }
             }
         }
     }
@@ -352,6 +385,7 @@ impl DirectWriter {
             single_issuer: options.single_issuer,
             align: geometry.offset_align,
             probe: options.fence_probe.clone(),
+            probe_settle: options.fence_probe_settle,
         };
         let probe = options.fence_probe.clone();
         let sync = |f: File| {
@@ -359,7 +393,7 @@ impl DirectWriter {
                 f,
                 options.dsync,
                 geometry.offset_align,
-                Fence::new(probe.clone()),
+                Fence::new(probe.clone(), options.fence_probe_settle),
             ))
         };
         let mut fallback = None;
@@ -922,13 +956,20 @@ mod tests {
     #[derive(Debug)]
     struct FakeProbe {
         answer: Mutex<Option<FenceVerdict>>,
+        /// Answers `Fenced` from this call on (counted from 1), like nvmet removing the
+        /// registration a moment after the victim's commands started failing.
+        fenced_from_call: Mutex<Option<usize>>,
         calls: std::sync::atomic::AtomicUsize,
     }
+
+    /// The settle time the probed tests use.
+    const SETTLE: Duration = Duration::from_millis(150);
 
     impl FakeProbe {
         fn new(answer: Option<FenceVerdict>) -> Arc<Self> {
             Arc::new(Self {
                 answer: Mutex::new(answer),
+                fenced_from_call: Mutex::new(None),
                 calls: Default::default(),
             })
         }
@@ -940,8 +981,12 @@ mod tests {
 
     impl FenceProbe for FakeProbe {
         fn probe(&self) -> std::result::Result<FenceVerdict, crate::ProbeError> {
-            self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let answer = *self.answer.lock().unwrap_or_else(PoisonError::into_inner);
+            let n = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            let from = *self.fenced_from_call.lock().expect("lock");
+            if from.is_some_and(|k| n >= k) {
+                return Ok(FenceVerdict::Fenced);
+            }
+            let answer = *self.answer.lock().expect("lock");
             answer.ok_or_else(|| "report failed: no path to the namespace".into())
         }
     }
@@ -952,7 +997,8 @@ mod tests {
             Options::default()
                 .engine(engine)
                 .queue_depth(8)
-                .fence_probe(probe.clone()),
+                .fence_probe(probe.clone())
+                .fence_probe_settle(SETTLE),
         )
         .expect("open");
         assert_eq!(w.engine(), engine);
@@ -1014,7 +1060,9 @@ mod tests {
         let a = w.alignment();
         let buf = filled(&w, a, 0x11);
         w.inject_completion(-libc::EIO);
+        let t = Instant::now();
         let e = w.write_at(&buf, 0).expect_err("injected EIO");
+        let waited = t.elapsed();
         match &e {
             Error::Io {
                 op: Op::Write,
@@ -1028,20 +1076,57 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!e.is_reservation_conflict() && !e.is_retryable());
-        assert_eq!(probe.calls(), 1);
+        // "Not fenced" is only believed once it held for the settle time.
+        assert!(waited >= SETTLE, "reported after {waited:?}");
+        assert!(probe.calls() >= 2, "asked again: {}", probe.calls());
         assert!(!w.is_fenced());
         w.write_at(&buf, 0)
             .expect("still writable: the probe cleared it");
         assert_eq!(on_disk(&path, 0, a), vec![0x11; a]);
 
-        // The probe's answer changes (the host was preempted meanwhile): the next EIO
-        // is a conflict.
-        *probe.answer.lock().expect("lock") = Some(FenceVerdict::Fenced);
+        // The device removes the registration a moment after the EIO (nvmet kills the
+        // victim's command reference first): the probe says "not fenced" twice, then
+        // "fenced". The write is a conflict, found before the settle time is over.
+        let before = probe.calls();
+        *probe.fenced_from_call.lock().expect("lock") = Some(before + 3);
         w.inject_completion(-libc::EIO);
+        let t = Instant::now();
         let e = w.write_at(&buf, a as u64).expect_err("EIO, fenced now");
         assert!(e.is_reservation_conflict(), "{e:?}");
-        assert_eq!(probe.calls(), 2);
+        assert_eq!(probe.calls(), before + 3);
+        assert!(t.elapsed() < SETTLE, "{:?}", t.elapsed());
         assert!(w.is_fenced());
+        assert_eq!(w.fenced_at(), Some((a as u64, a)));
+    }
+
+    /// A genuine device error failing a whole queue: the EIOs reaped together share one
+    /// settle period instead of waiting one each.
+    #[test]
+    fn eio_on_many_queued_writes_waits_one_settle_period() {
+        let (_d, path) = temp_file();
+        let probe = FakeProbe::new(Some(FenceVerdict::NotFenced));
+        let mut w = open_probed(&path, EngineKind::IoUring, &probe);
+        let a = w.alignment();
+        for tag in 0..8u64 {
+            w.inject_completion(-libc::EIO);
+            w.submit_write(filled(&w, a, 1), tag * a as u64, tag)
+                .expect("submit");
+        }
+        let t = Instant::now();
+        let mut out = Vec::new();
+        w.wait_all(&mut out).expect("wait");
+        let waited = t.elapsed();
+        assert_eq!(out.len(), 8);
+        for c in &out {
+            let e = c.result.as_ref().expect_err("EIO");
+            assert!(matches!(e, Error::Io { .. }), "{e:?}");
+        }
+        assert!(!w.is_fenced());
+        assert!(waited >= SETTLE, "{waited:?}");
+        assert!(
+            waited < 4 * SETTLE,
+            "8 EIOs waited {waited:?}: one settle period each?"
+        );
     }
 
     #[test]

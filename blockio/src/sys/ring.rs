@@ -32,6 +32,8 @@ pub(crate) struct RingConfig {
     pub align: usize,
     /// Classifies writes failing with `EIO` (see `crate::probe`).
     pub probe: Option<Arc<dyn FenceProbe>>,
+    /// How long a "not fenced" verdict must hold (see `crate::probe`).
+    pub probe_settle: std::time::Duration,
 }
 
 #[derive(Debug)]
@@ -164,7 +166,7 @@ impl Ring {
             free: (0..qd).rev().collect(),
             in_flight: 0,
             cqes: Vec::with_capacity(entries as usize * 2),
-            fence: Fence::new(cfg.probe.clone()),
+            fence: Fence::new(cfg.probe.clone(), cfg.probe_settle),
             inject: VecDeque::new(),
             submitted_total: 0,
         })
@@ -336,6 +338,8 @@ impl Ring {
     /// Processes every available CQE: continues short or interrupted requests, records
     /// conflicts in the fence, and moves finished owned requests to `ready`.
     fn drain(&mut self, ready: &mut VecDeque<Completion>) -> Result<usize> {
+        // Every completion copied below finished in the kernel before this instant.
+        let observed = std::time::Instant::now();
         self.cqes.clear();
         self.cqes
             .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
@@ -371,7 +375,7 @@ impl Ring {
                 }
                 Step::Fail(e) => Err(e),
             };
-            let outcome = self.fence.judge(outcome);
+            let outcome = self.fence.judge(outcome, observed);
             let Some(s) = self.slots[idx].as_mut() else {
                 unreachable!("slot checked above")
             };
