@@ -1,15 +1,24 @@
 //! Preempt-and-abort while the victim has a full io_uring queue of O_DIRECT writes in
-//! flight: no write that reached the kernel after the preempt completed succeeds, every
-//! refused write is the typed `ReservationConflict`, the writer ends fenced, and the
-//! device holds exactly the data of the writes that were reported successful.
+//! flight: no write that reached the kernel after the preempt completed succeeds, the
+//! writer ends fenced, and the device holds exactly the data of the writes that were
+//! reported successful.
+//!
+//! With blockio's fence probe (a Reservation Report through the victim's own
+//! controller), *every* failed write is the typed `ReservationConflict`, including the
+//! ones nvmet fails with EIO while it drains the victim's controller. Without a probe
+//! those stay `Io` errors (EIO), which `Error::may_be_fenced` flags; that variant is
+//! kept to show the difference the probe makes.
 
-use std::sync::OnceLock;
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use blockio::{AlignedBuf, Completion, DirectWriter, EngineKind, Options};
+use blockio::{
+    AlignedBuf, Completion, DirectWriter, EngineKind, FenceProbe, FenceVerdict, Options,
+    ProbeError, ReservationProbe,
+};
 use hwtests::{Outcome, report, setup};
-use nvme_resv::{Access, Acquire, Register, ReservationType, Reservations};
+use nvme_resv::{Access, Acquire, Namespace, Register, ReservationType, Reservations};
 
 const WERO: ReservationType = ReservationType::WRITE_EXCLUSIVE_REGISTRANTS_ONLY;
 /// Where the writes go: 8 MiB into the namespace, away from the other tests' blocks.
@@ -35,9 +44,66 @@ fn fill(buf: &mut AlignedBuf, tag: u64) {
     s[..8].copy_from_slice(&(tag + 1).to_le_bytes());
 }
 
+/// The real probe, with a record of every answer and when it came (for the report line
+/// and to show that the EIO path was exercised).
+#[derive(Debug)]
+struct Recorded {
+    inner: ReservationProbe<Namespace>,
+    verdicts: Mutex<Vec<(Instant, Result<FenceVerdict, String>)>>,
+}
+
+impl FenceProbe for Recorded {
+    fn probe(&self) -> Result<FenceVerdict, ProbeError> {
+        let r = self.inner.probe();
+        self.verdicts.lock().expect("lock").push((
+            Instant::now(),
+            r.as_ref().map(|v| *v).map_err(|e| e.to_string()),
+        ));
+        r
+    }
+}
+
 #[test]
 #[ignore = "needs a reservation-capable NVMe namespace: set HWTEST_NVME_HOSTS=/dev/nvmeAn1,/dev/nvmeBn1,... or run hwtests/guest/run"]
 fn preempt_and_abort_with_a_full_queue_in_flight() {
+    // Whether nvmet fails some of A's writes with EIO (they reach it while it drains A's
+    // controller) or all with EBADE depends on timing. Repeat until a round took the
+    // EIO path, so the probe's classification is proven, not just allowed; every round
+    // asserts that each failed write is ReservationConflict.
+    let min_rounds: usize = std::env::var("HWTEST_INFLIGHT_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
+    let max_rounds = min_rounds.max(MAX_ROUNDS);
+    let mut eio_rounds = 0;
+    let mut rounds = 0;
+    while rounds < max_rounds && (rounds < min_rounds || eio_rounds == 0) {
+        rounds += 1;
+        if preempt_and_abort_in_flight(true) > 0 {
+            eio_rounds += 1;
+        }
+    }
+    println!(
+        "{eio_rounds} of {rounds} rounds had writes fail with EIO before the fence was known; the probe classified each as fenced"
+    );
+    assert!(
+        eio_rounds > 0,
+        "no round of {rounds} had a write fail with EIO: the probe path was not exercised"
+    );
+}
+
+/// Rounds of the probed test at most, unless `HWTEST_INFLIGHT_ROUNDS` asks for more.
+const MAX_ROUNDS: usize = 12;
+
+#[test]
+#[ignore = "needs a reservation-capable NVMe namespace: set HWTEST_NVME_HOSTS=/dev/nvmeAn1,/dev/nvmeBn1,... or run hwtests/guest/run"]
+fn preempt_and_abort_with_a_full_queue_in_flight_without_a_probe() {
+    preempt_and_abort_in_flight(false);
+}
+
+/// One round; returns how many failed writes came back from the device as EIO (with a
+/// probe: how many times the probe was consulted; without: the unclassified EIOs).
+fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
     let hosts = setup();
     let (a, b) = (&hosts[0], &hosts[1]);
 
@@ -59,13 +125,20 @@ fn preempt_and_abort_with_a_full_queue_in_flight() {
     b.ns.register(&Register::register(b.key()))
         .expect("B register");
 
-    let mut wa = DirectWriter::open(
-        &a.path,
-        Options::default()
-            .engine(EngineKind::IoUring)
-            .queue_depth(QUEUE_DEPTH),
-    )
-    .expect("A open");
+    // A's probe reads the report through A's own controller: reservation commands are
+    // not failed while nvmet drains that controller's I/O.
+    let probe = Arc::new(Recorded {
+        inner: ReservationProbe::new(Namespace::open(&a.path).expect("A's namespace"), a.key())
+            .host_id(a.hostid),
+        verdicts: Mutex::new(Vec::new()),
+    });
+    let mut opts = Options::default()
+        .engine(EngineKind::IoUring)
+        .queue_depth(QUEUE_DEPTH);
+    if with_probe {
+        opts = opts.fence_probe(probe.clone());
+    }
+    let mut wa = DirectWriter::open(&a.path, opts).expect("A open");
     assert_eq!(wa.engine(), EngineKind::IoUring);
 
     let preempt_done: OnceLock<Instant> = OnceLock::new();
@@ -159,44 +232,79 @@ fn preempt_and_abort_with_a_full_queue_in_flight() {
                 .is_err_and(|e| e.is_reservation_conflict())
         })
         .count();
-    // Tolerated besides the conflict: EIO, only for a request that was already in
-    // flight while the preempt-and-abort ran. nvmet aborts by draining the victim's
-    // per-controller reference; a command arriving meanwhile completes with Internal
-    // Error, which the block layer reports as EIO. Its data must not be on the device
-    // (checked below like every failed write).
+    // Without a probe, tolerated besides the conflict: EIO, only for a request that was
+    // already in flight while the preempt-and-abort ran. nvmet aborts by draining the
+    // victim's per-controller reference; a command arriving meanwhile completes with
+    // Internal Error, which the block layer reports as EIO. Its data must not be on the
+    // device (checked below like every failed write). With the probe, none is tolerated.
     let mut aborted = 0;
     let mut others = Vec::new();
     for c in &done {
         match &c.result {
             Err(e) if e.is_reservation_conflict() => {}
-            Err(blockio::Error::Io { source, .. })
-                if source.raw_os_error() == Some(libc::EIO)
+            Err(e @ blockio::Error::Io { source, .. })
+                if !with_probe
+                    && source.raw_os_error() == Some(libc::EIO)
                     && submitted_at[c.tag as usize] <= preempt_done =>
             {
+                assert!(e.may_be_fenced(), "{e:?}");
                 aborted += 1;
             }
             Err(e) => others.push(format!("tag {}: {e:?}", c.tag)),
             Ok(()) => {}
         }
     }
+    let timeline = probe.verdicts.lock().expect("lock").clone();
+    let verdicts: Vec<&Result<FenceVerdict, String>> = timeline.iter().map(|(_, v)| v).collect();
+    // How long the device took to show the registration gone after the first probe.
+    let settled_ms = match (timeline.first(), timeline.last()) {
+        (Some((t0, _)), Some((t1, _))) => t1.duration_since(*t0).as_secs_f64() * 1e3,
+        _ => 0.0,
+    };
     let late_ok: Vec<u64> = ok
         .iter()
         .filter(|c| submitted_at[c.tag as usize] > preempt_done)
         .map(|c| c.tag)
         .collect();
     println!(
-        "A submitted {} writes at QD {QUEUE_DEPTH}: {} completed ok, {conflicts} refused \
-         with ReservationConflict, {aborted} failed with EIO while the abort ran, {} other \
-         errors, {rejected_after_fence} refused by the fenced writer before submission; \
-         ok after the preempt returned: {late_ok:?}",
+        "A ({}) submitted {} writes at QD {QUEUE_DEPTH}: {} completed ok, {conflicts} \
+         refused with ReservationConflict, {aborted} failed with EIO while the abort ran \
+         (unclassified), {} other errors, {rejected_after_fence} refused by the fenced \
+         writer before submission; fence probe answers for EIOs before the fence: \
+         {verdicts:?} over {settled_ms:.1} ms; first fenced request {:?}; ok after the \
+         preempt returned: {late_ok:?}",
+        if with_probe {
+            "with fence probe"
+        } else {
+            "no probe"
+        },
         submitted_at.len(),
         ok.len(),
-        others.len()
+        others.len(),
+        wa.fenced_at(),
     );
     assert!(
         others.is_empty(),
-        "errors other than the conflict: {others:#?}"
+        "failed writes not classified as fenced: {others:#?}"
     );
+    // Answers are "not fenced" while nvmet still lists A (it fails A's commands before
+    // it unregisters A), then "fenced"; never an error, and the last one is "fenced".
+    assert!(
+        verdicts.iter().all(|v| v.is_ok()),
+        "probe errors: {verdicts:?}"
+    );
+    if let Some(last) = verdicts.last() {
+        assert_eq!(**last, Ok(FenceVerdict::Fenced), "{verdicts:?}");
+    }
+    if with_probe {
+        let failed = done.iter().filter(|c| c.result.is_err()).count();
+        assert_eq!(
+            failed, conflicts,
+            "every failed write is ReservationConflict"
+        );
+    } else {
+        assert!(verdicts.is_empty(), "no probe was configured");
+    }
     assert!(
         late_ok.is_empty(),
         "writes submitted after the preempt succeeded: {late_ok:?}"
@@ -238,4 +346,5 @@ fn preempt_and_abort_with_a_full_queue_in_flight() {
     assert!(!st.is_registered(a.key()), "{st:?}");
     assert_eq!(st.holder().map(|r| r.rkey), Some(b.key()));
     hwtests::clear_all(&hosts);
+    if with_probe { verdicts.len() } else { aborted }
 }
