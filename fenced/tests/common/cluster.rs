@@ -70,14 +70,65 @@ impl EtcdCluster {
     }
 
     /// Starts every member and waits until each answers `/health` (at most 20 s).
+    ///
+    /// A port chosen by [`free_port`] is free only until someone else binds it (other
+    /// tests, or an outgoing connection's source port): when a member cannot bind its
+    /// peer port, the members get new peer ports and fresh data dirs (at most three
+    /// tries). Client ports stay, as clients may already point at them.
     pub fn start(mut self) -> Self {
-        for i in 0..self.members.len() {
-            self.spawn(i);
+        for attempt in 1..=3 {
+            for i in 0..self.members.len() {
+                self.spawn(i);
+            }
+            let up =
+                (0..self.members.len()).try_for_each(|i| self.wait_up(i, Duration::from_secs(20)));
+            let Err(why) = up else { return self };
+            let peer_taken = self.members.iter().any(|m| {
+                why.contains(&format!(
+                    "127.0.0.1:{}: bind: address already in use",
+                    m.peer_port
+                ))
+            });
+            assert!(attempt < 3 && peer_taken, "{why}");
+            for i in 0..self.members.len() {
+                if let Some(mut c) = self.members[i].child.take() {
+                    let _ = c.kill();
+                    let _ = c.wait();
+                }
+                let _ = std::fs::remove_dir_all(self.data_dir(i));
+                self.members[i].peer_port = free_port();
+            }
         }
-        for i in 0..self.members.len() {
-            self.wait_healthy(i, Duration::from_secs(20));
+        unreachable!("the loop returns or panics")
+    }
+
+    /// Waits until member `i` answers `/health`; `Err` (with its log) when it exits or
+    /// `timeout` passes.
+    fn wait_up(&mut self, i: usize, timeout: Duration) -> Result<(), String> {
+        let t0 = Instant::now();
+        loop {
+            if self.healthy(i) {
+                return Ok(());
+            }
+            let exited = self.members[i]
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            if let Some(status) = exited {
+                self.members[i].child = None;
+                return Err(format!(
+                    "etcd member {i} exited ({status}); log: {}",
+                    self.log(i)
+                ));
+            }
+            if t0.elapsed() > timeout {
+                return Err(format!(
+                    "etcd member {i} not healthy after {timeout:?}; log: {}",
+                    self.log(i)
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        self
     }
 
     fn initial_cluster(&self) -> String {
@@ -131,18 +182,6 @@ impl EtcdCluster {
                 )
             });
         self.members[i].child = Some(child);
-    }
-
-    fn wait_healthy(&self, i: usize, timeout: Duration) {
-        let t0 = Instant::now();
-        while !self.healthy(i) {
-            assert!(
-                t0.elapsed() < timeout,
-                "etcd member {i} not healthy after {timeout:?}; log: {}",
-                self.log(i)
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
     }
 
     /// `/health` of member `i` answers true (it is up and the cluster has a leader).
@@ -200,7 +239,9 @@ impl EtcdCluster {
     /// Restarts member `i` on its data dir and waits until it is healthy.
     pub fn restart(&mut self, i: usize) {
         self.spawn(i);
-        self.wait_healthy(i, Duration::from_secs(20));
+        if let Err(why) = self.wait_up(i, Duration::from_secs(20)) {
+            panic!("{why}");
+        }
     }
 
     /// The index of the current leader, asked through the maintenance status API of
