@@ -619,12 +619,45 @@ impl EtcdStore {
                 TxnOp::get(k.departed(n), None),
                 TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
                 TxnOp::get(k.done(n), None),
+                TxnOp::get(k.generation(n), None),
             ]);
-        let resp = match self.txn("claim", txn).await {
-            Ok(r) => r,
-            Err(e) => {
-                // The lease may be unused: put it back only if the claim surely did not land.
-                return Err(e);
+        // An answer lost to a timeout or a dead leader leaves the outcome unknown.
+        // Retry with the same lease: if an earlier attempt landed, the claim found
+        // carries our lease (a lease is used by at most one claim that landed) and is
+        // ours. Without this the claim in doubt blocked the fence until its lease
+        // expired (claim TTL, 120 s by default). An error that reaches the caller
+        // leaves the lease unused or holding a claim that expires with it.
+        let t0 = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 0;
+        let resp = loop {
+            attempt += 1;
+            let r = self.txn("claim", txn.clone()).await;
+            #[cfg(feature = "failpoints")]
+            let r = match r {
+                // Tests: the transaction was applied, its answer is "lost".
+                Ok(_)
+                    if attempt == 1
+                        && fail::eval("store::claim::answer_lost", |who| {
+                            who.as_deref() == Some(controller)
+                        }) == Some(true) =>
+                {
+                    Err(StoreError::Unavailable {
+                        op: "claim",
+                        source: etcd_client::Error::GRpcStatus(tonic::Status::cancelled(
+                            "fail point store::claim::answer_lost",
+                        )),
+                    })
+                }
+                r => r,
+            };
+            match r {
+                Err(e) if e.is_retryable() && t0.elapsed() + delay < self.claim_ttl / 2 => {
+                    tracing::warn!(step = "claim", node = %n, attempt, error = %e, "claim transaction failed, retrying (its outcome is checked)");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                r => break r?,
             }
         };
         let ops = resp.op_responses();
@@ -641,6 +674,29 @@ impl EtcdStore {
                 generation,
                 generation_rev,
                 claim_rev: revision(&resp),
+                arenas,
+            }));
+        }
+        if let Some(kv) = kvs(&ops[0]).first()
+            && attempt > 1
+            && kv.lease() == lease
+        {
+            // An earlier attempt landed. Nothing it read can have moved since: a
+            // generation bump and an arena change need this claim or the victim's
+            // membership, which a join cannot take while the claim exists.
+            tracing::info!(step = "claim", node = %n, attempt, "an earlier claim attempt whose answer was lost had landed: the claim is ours");
+            let (generation, generation_rev) = match kvs(&ops[5]).first() {
+                Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
+                None => (0, 0),
+            };
+            let arenas = kvs(&ops[3])
+                .iter()
+                .filter_map(|kv| k.arena_node_of(kv.key()).map(|(_, a)| a))
+                .collect();
+            return Ok(ClaimResult::Outcome(ClaimOutcome::Won {
+                generation,
+                generation_rev,
+                claim_rev: kv.create_revision(),
                 arenas,
             }));
         }

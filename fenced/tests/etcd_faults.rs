@@ -545,3 +545,45 @@ async fn http2_keepalive_never_stricter_than_the_agent_on_a_slow_link() {
         a.kill();
     }
 }
+
+/// A claim transaction applied by etcd whose answer never arrives (a leader lost
+/// between commit and reply): the controller's retry must recognise the claim as its
+/// own instead of finding it "held" and leaving the fence to wait for the claim's
+/// lease to expire.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_whose_answer_was_lost_is_recognised_as_ours() {
+    let etcd = EtcdCluster::new(1).start();
+    let fleet = Fleet::new(etcd.endpoints());
+    let store = fleet.store().await;
+    let survivor = fleet.agent("s1").await;
+    let victim = fleet.agent("v1").await;
+    // Only this controller's claims lose their first answer (other tests in this
+    // binary run controllers with other ids).
+    let id = "lost-answer";
+    fail::cfg("store::claim::answer_lost", &format!("return({id})")).unwrap();
+    let mut cfg = fenced::controller::ControllerConfig::new(id);
+    cfg.sweep_interval = Duration::from_secs(60); // the watch path alone
+    let controller =
+        fenced::controller::Controller::new(fleet.store().await, fleet.nvme_fencer("s1"), cfg);
+    let task = controller.spawn();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let t = Instant::now();
+    victim.kill();
+    let took = time_to_fence(&store, &[("v1", t)], Duration::from_secs(20)).await;
+    fail::remove("store::claim::answer_lost");
+    assert_eq!(fences_of(&store, "v1").await.len(), 1);
+    assert_eq!(controller.stats().fenced.load(Ordering::Relaxed), 1);
+    // Well before the claim's lease (FLEET_CLAIM_TTL) could have expired.
+    assert!(
+        took[0] < TTL + Duration::from_secs(4),
+        "fenced only after {took:?}"
+    );
+    eprintln!(
+        "claim answer lost: fenced {} ms after the kill (TTL {TTL:?}, claim TTL {:?})",
+        took[0].as_millis(),
+        common::cluster::FLEET_CLAIM_TTL
+    );
+    task.abort();
+    survivor.kill();
+}
