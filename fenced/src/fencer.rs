@@ -543,6 +543,59 @@ mod tests {
         assert!(e.message.contains("our own key"), "{e}");
     }
 
+    #[cfg(feature = "failpoints")]
+    #[test]
+    fn fault_arguments_pick_a_controller() {
+        use std::time::Duration;
+        let arg = "s1-c2=crash,s1-*=sleep:50";
+        assert_eq!(fault_effect(arg, "s1-c2"), Some(FaultEffect::Crash));
+        assert_eq!(
+            fault_effect(arg, "s1-c1"),
+            Some(FaultEffect::Sleep(Duration::from_millis(50)))
+        );
+        assert_eq!(fault_effect(arg, "s10-c1"), None);
+        assert_eq!(fault_effect("c1=error", "c1"), Some(FaultEffect::Error));
+        assert_eq!(fault_effect("c1=error", ""), None);
+    }
+
+    #[cfg(feature = "failpoints")]
+    #[tokio::test]
+    async fn a_crash_point_stops_the_fence_for_good() {
+        let scenario = fail::FailScenario::setup();
+        fail::cfg("fence::verify", "return(unit-c9=crash)").unwrap();
+        let fake = Arc::new(Fake::default());
+        fake.keys
+            .lock()
+            .unwrap()
+            .extend([key_of("a").0, key_of("b").0]);
+        let f =
+            NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        let v = victim("b");
+        let stopped = tokio::time::timeout(
+            std::time::Duration::from_millis(300),
+            fault_scope("unit-c9", &v, f.fence(&v)),
+        )
+        .await;
+        assert!(stopped.is_err(), "the fence went past a crash point");
+        // It stopped between the preempt and the report.
+        assert_eq!(*fake.keys.lock().unwrap(), vec![key_of("a").0]);
+        let hits = fault_hits("unit-c9");
+        assert_eq!(hits.len(), 1);
+        assert_eq!(
+            (hits[0].step, hits[0].effect),
+            (FenceStep::Verify, FaultEffect::Crash)
+        );
+        assert_eq!(hits[0].node, "b");
+        // Other controllers are not targeted.
+        assert!(
+            fault_scope("unit-c1", &v, f.fence(&v))
+                .await
+                .unwrap()
+                .severed
+        );
+        scenario.teardown();
+    }
+
     #[tokio::test]
     async fn none_fencer_is_single_signal() {
         let c = NoneFencer.fence(&victim("b")).await.unwrap();

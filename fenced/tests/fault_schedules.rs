@@ -32,8 +32,11 @@ use common::*;
 use etcd_client::{EventType, WatchOptions};
 use fenced::agent::Agent;
 use fenced::controller::Controller;
+use fenced::core::Confirmation;
 use fenced::core::FenceStep;
-use fenced::fencer::{FaultEffect, FaultHit, NvmeFencer, PreemptMode, fault_hits};
+use fenced::fencer::{
+    BoxFuture, FaultEffect, FaultHit, Fencer, NvmeFencer, PreemptMode, fault_hits,
+};
 use fenced::store::EtcdStore;
 use nvme_resv::{Cptpl, Key, Register, RegisterAction, Reservations};
 use tokio::task::JoinHandle;
@@ -312,7 +315,31 @@ struct World {
     root: String,
     ns: Namespace,
     store: EtcdStore,
+    /// Controllers fence with [`Liar`] (the checks' own test).
+    liar: bool,
 }
+
+/// A fencer that confirms without severing anything: the schedules' checks must
+/// catch it.
+#[derive(Debug)]
+struct Liar;
+
+impl Fencer for Liar {
+    fn name(&self) -> &'static str {
+        "nvme"
+    }
+    fn fence<'a>(&'a self, _victim: &'a fenced::core::Victim) -> BoxFuture<'a, FenceResult> {
+        Box::pin(async {
+            Ok(Confirmation {
+                fencer: "nvme".into(),
+                severed: true,
+                evidence: "lying: nothing was preempted".into(),
+            })
+        })
+    }
+}
+
+type FenceResult = Result<Confirmation, fenced::fencer::FenceError>;
 
 impl World {
     async fn connect(&self) -> Result<EtcdStore, String> {
@@ -326,14 +353,18 @@ impl World {
     }
 
     async fn start_controller(&self, id: &str) -> Result<Ctl, String> {
-        let fencer = NvmeFencer::new(
-            Arc::new(self.ns.host(host_id(id))),
-            key_of(id),
-            PreemptMode::PreemptAndAbort,
-        );
+        let fencer: Arc<dyn Fencer> = if self.liar {
+            Arc::new(Liar)
+        } else {
+            Arc::new(NvmeFencer::new(
+                Arc::new(self.ns.host(host_id(id))),
+                key_of(id),
+                PreemptMode::PreemptAndAbort,
+            ))
+        };
         let mut cfg = fenced::controller::ControllerConfig::new(id);
         cfg.sweep_interval = Duration::from_millis(500);
-        let controller = Controller::new(self.connect().await?, Arc::new(fencer), cfg);
+        let controller = Controller::new(self.connect().await?, fencer, cfg);
         let task = Some(controller.spawn());
         Ok(Ctl {
             id: id.to_owned(),
@@ -468,6 +499,7 @@ async fn run_schedule(
     seed: u64,
     index: usize,
     plan: Plan,
+    liar: bool,
 ) -> Result<Outcome, String> {
     let root = format!("/fault-{seed:016x}/{index}");
     let world = {
@@ -480,6 +512,7 @@ async fn run_schedule(
             root,
             ns: Namespace::new(),
             store,
+            liar,
         })
     };
     let ids = plan.controllers();
@@ -541,11 +574,15 @@ async fn run_schedule(
         let _ = world.store.revoke(s.lease).await;
     }
     watcher.abort();
-    let mut outcome = result?;
-    let found = lock(&violations).clone();
-    if !found.is_empty() {
-        return Err(found.join("; "));
-    }
+    let mut found = lock(&violations).clone();
+    let mut outcome = match result {
+        Ok(o) if found.is_empty() => o,
+        Ok(_) => return Err(found.join("; ")),
+        Err(e) => {
+            found.push(e);
+            return Err(found.join("; "));
+        }
+    };
 
     // Nodes that stayed alive or left cleanly were never fenced.
     if let Some(s) = &survivor {
@@ -807,7 +844,7 @@ async fn randomized_fault_schedules_keep_the_invariants() {
             plan.clone(),
             tokio::spawn(async move {
                 let _permit = gate.acquire_owned().await.expect("semaphore");
-                run_schedule(c, seed, i, plan).await
+                run_schedule(c, seed, i, plan, false).await
             }),
         ));
     }
@@ -915,4 +952,31 @@ async fn randomized_fault_schedules_keep_the_invariants() {
             );
         }
     }
+}
+
+/// The checks themselves: a fencer that confirms without preempting lets arenas return
+/// to the free pool while their dead owner's key is still registered, and the free-pool
+/// watch must say so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_checks_catch_a_fencer_that_does_not_sever() {
+    let c = Arc::new(Cluster::new());
+    let plan = Plan {
+        prefix: "liar-".into(),
+        victims: vec![Victim {
+            node: "liar-v0".into(),
+            arenas: 2,
+            revoke: true,
+        }],
+        survivor: Some(1),
+        leaver: None,
+        faults: Vec::new(),
+        restart_ms: 0,
+    };
+    let err = run_schedule(c, 0, 0, plan, true)
+        .await
+        .expect_err("a fencer that severs nothing must be caught");
+    assert!(
+        err.contains("returned to the free pool") && err.contains("can still write"),
+        "{err}"
+    );
 }
