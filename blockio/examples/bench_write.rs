@@ -4,7 +4,11 @@
 //! ```text
 //! bench_write --path FILE --rw randwrite|write --bs 4096 --qd 32 --runtime 5 \
 //!             [--size BYTES] [--engine auto|io_uring|sync] [--dsync] [--no-single-issuer]
+//!             [--registered-buffers]
 //! ```
+//! `--registered-buffers` (or `BLOCKIO_BENCH_REGISTERED_BUFFERS=1` in the environment,
+//! so the comparison script runs unchanged) writes from `qd` registered (fixed)
+//! buffers (`Options::registered_buffers`, `WRITE_FIXED`).
 //! The ring is set up for a single issuer with deferred task work, as fio's io_uring
 //! engine sets up its own (`--no-single-issuer` turns that off).
 //! Keeps `qd` writes in flight: every completion is replaced at once, and all
@@ -26,6 +30,7 @@ struct Args {
     engine: EngineKind,
     dsync: bool,
     single_issuer: bool,
+    registered: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -39,6 +44,7 @@ fn parse() -> Result<Args, String> {
         engine: EngineKind::Auto,
         dsync: false,
         single_issuer: true,
+        registered: std::env::var("BLOCKIO_BENCH_REGISTERED_BUFFERS").is_ok_and(|v| v == "1"),
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -62,6 +68,7 @@ fn parse() -> Result<Args, String> {
             "--engine" => a.engine = v()?.parse()?,
             "--dsync" => a.dsync = true,
             "--no-single-issuer" => a.single_issuer = false,
+            "--registered-buffers" => a.registered = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -83,14 +90,15 @@ impl Rng {
 }
 
 fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
-    let mut w = DirectWriter::open(
-        &a.path,
-        Options::default()
-            .engine(a.engine)
-            .queue_depth(a.qd)
-            .dsync(a.dsync)
-            .single_issuer(a.single_issuer),
-    )?;
+    let mut opts = Options::default()
+        .engine(a.engine)
+        .queue_depth(a.qd)
+        .dsync(a.dsync)
+        .single_issuer(a.single_issuer);
+    if a.registered {
+        opts = opts.registered_buffers(a.qd, a.bs);
+    }
+    let mut w = DirectWriter::open(&a.path, opts)?;
     let size = a.size.unwrap_or(w.size()).min(w.size());
     let blocks = size / a.bs as u64;
     if blocks == 0 {
@@ -111,7 +119,10 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
 
     let mut free: Vec<AlignedBuf> = (0..a.qd)
         .map(|i| {
-            let mut b = AlignedBuf::zeroed(a.bs, w.alignment().max(4096))?;
+            let mut b = match w.registered_buffer() {
+                Some(b) => b,
+                None => AlignedBuf::zeroed(a.bs, w.alignment().max(4096))?,
+            };
             for (j, x) in b.as_mut_slice().iter_mut().enumerate() {
                 *x = (i * 131 + j * 7) as u8;
             }
@@ -151,7 +162,7 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
     let (ios, secs) = window.unwrap_or((ios, start.elapsed().as_secs_f64()));
     let iops = ios as f64 / secs;
     Ok(format!(
-        "{{\"tool\":\"blockio\",\"engine\":\"{}\",\"rw\":\"{}\",\"bs\":{},\"qd\":{},\"ios\":{},\"seconds\":{:.3},\"iops\":{:.1},\"bw_bytes\":{:.0},\"fixed_file\":{}}}",
+        "{{\"tool\":\"blockio\",\"engine\":\"{}\",\"rw\":\"{}\",\"bs\":{},\"qd\":{},\"ios\":{},\"seconds\":{:.3},\"iops\":{:.1},\"bw_bytes\":{:.0},\"fixed_file\":{},\"registered_buffers\":{}}}",
         w.engine(),
         if a.random { "randwrite" } else { "write" },
         a.bs,
@@ -160,7 +171,8 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
         secs,
         iops,
         iops * a.bs as f64,
-        w.uses_fixed_file()
+        w.uses_fixed_file(),
+        w.registered_buffer_requests() > 0
     ))
 }
 

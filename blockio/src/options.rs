@@ -55,6 +55,7 @@ pub struct Options {
     pub(crate) single_issuer: bool,
     pub(crate) fence_probe: Option<Arc<dyn FenceProbe>>,
     pub(crate) fence_probe_settle: Duration,
+    pub(crate) registered_buffers: Option<(usize, usize)>,
 }
 
 impl Default for Options {
@@ -67,6 +68,7 @@ impl Default for Options {
             single_issuer: false,
             fence_probe: None,
             fence_probe_settle: DEFAULT_FENCE_PROBE_SETTLE,
+            registered_buffers: None,
         }
     }
 }
@@ -115,6 +117,20 @@ impl Options {
     /// driver turns it on, as fio does.
     pub fn single_issuer(mut self, single: bool) -> Self {
         self.single_issuer = single;
+        self
+    }
+
+    /// Sets up `count` buffers of `len` bytes (aligned to the device's
+    /// [`alignment`](crate::DirectWriter::alignment)) registered with the io_uring
+    /// (`IORING_REGISTER_BUFFERS`, fixed buffers): requests queued with a buffer lent by
+    /// [`DirectWriter::registered_buffer`](crate::DirectWriter::registered_buffer) use
+    /// `READ_FIXED`/`WRITE_FIXED`, which saves pinning the buffer's pages on every
+    /// request. A lent buffer returns to the writer's pool when dropped. If the kernel
+    /// refuses (e.g. `RLIMIT_MEMLOCK` on kernels before 5.12) the writer works without
+    /// them; [`DirectWriter::uses_registered_buffers`](crate::DirectWriter::uses_registered_buffers)
+    /// tells. Ignored by the synchronous engine. Default: none.
+    pub fn registered_buffers(mut self, count: usize, len: usize) -> Self {
+        self.registered_buffers = Some((count, len));
         self
     }
 

@@ -386,6 +386,8 @@ impl DirectWriter {
             align: geometry.offset_align,
             probe: options.fence_probe.clone(),
             probe_settle: options.fence_probe_settle,
+            registered_buffers: options.registered_buffers,
+            buf_align: geometry.offset_align.max(geometry.mem_align),
         };
         let probe = options.fence_probe.clone();
         let sync = |f: File| {
@@ -457,6 +459,37 @@ impl DirectWriter {
     /// Whether the io_uring engine uses a registered (fixed) file.
     pub fn uses_fixed_file(&self) -> bool {
         self.fixed_file
+    }
+
+    /// Whether the io_uring engine has registered (fixed) buffers to lend
+    /// ([`Options::registered_buffers`]).
+    pub fn uses_registered_buffers(&self) -> bool {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => r.has_registered_buffers(),
+            Engine::Sync(_) => false,
+        }
+    }
+
+    /// Lends one of the registered (fixed) buffers set up with
+    /// [`Options::registered_buffers`], or `None` when there are none or all are lent.
+    /// Queue it with [`submit_write`](DirectWriter::submit_write) /
+    /// [`submit_read`](DirectWriter::submit_read) like any buffer; it comes back in the
+    /// [`Completion`]. Its contents are whatever it last held. Dropping it returns it
+    /// to the pool.
+    pub fn registered_buffer(&self) -> Option<AlignedBuf> {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => r.registered_buffer(),
+            Engine::Sync(_) => None,
+        }
+    }
+
+    /// How many requests were handed to the kernel with a registered buffer
+    /// (`READ_FIXED`/`WRITE_FIXED`).
+    pub fn registered_buffer_requests(&self) -> u64 {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => r.fixed_buf_pushed(),
+            Engine::Sync(_) => 0,
+        }
     }
 
     /// The path this writer opened.
@@ -1284,5 +1317,61 @@ mod tests {
     #[test]
     fn eio_among_queued_writes_without_a_probe() {
         eio_among_queued_writes(false);
+    }
+
+    #[test]
+    fn registered_buffers_are_lent_returned_and_used() {
+        let (_d, path) = temp_file();
+        let probe =
+            DirectWriter::open(&path, Options::default().engine(EngineKind::Sync)).expect("open");
+        let a = probe.alignment();
+        assert!(!probe.uses_registered_buffers());
+        assert!(probe.registered_buffer().is_none(), "sync engine: none");
+        drop(probe);
+
+        let mut w = DirectWriter::open(
+            &path,
+            Options::default()
+                .engine(EngineKind::IoUring)
+                .queue_depth(4)
+                .registered_buffers(2, 2 * a),
+        )
+        .expect("open");
+        assert!(w.uses_registered_buffers());
+        let mut b0 = w.registered_buffer().expect("first");
+        let b1 = w.registered_buffer().expect("second");
+        assert!(w.registered_buffer().is_none(), "only two");
+        assert_eq!(b0.len(), 2 * a);
+        assert_eq!(b0.as_ptr() as usize % a, 0);
+        assert!(!b1.clone().is_registered(), "a clone is a plain buffer");
+        drop(b1);
+        let b1 = w.registered_buffer().expect("returned on drop");
+
+        // A short write through a registered buffer continues inside it.
+        b0.as_mut_slice().fill(0x44);
+        w.inject_completion(a as i32);
+        w.submit_write(b0, 0, 0).expect("submit");
+        let mut out = Vec::new();
+        w.wait_all(&mut out).expect("wait");
+        let c = out.pop().expect("one completion");
+        c.result.expect("short write continued");
+        assert!(c.buf.is_registered(), "the buffer comes back");
+        assert!(
+            on_disk(&path, 0, a).iter().all(|&x| x == 0),
+            "injected part"
+        );
+        assert_eq!(on_disk(&path, a as u64, a), vec![0x44; a]);
+        // The NOP standing in for the injected result used no buffer; the rest did.
+        assert_eq!(w.registered_buffer_requests(), 1);
+
+        // A conflict on a registered buffer fences as any other.
+        w.inject_completion(-libc::EBADE);
+        w.submit_write(b1, 4 * a as u64, 1).expect("submit");
+        w.wait_all(&mut out).expect("wait");
+        let c = out.pop().expect("one completion");
+        assert!(c.result.as_ref().is_err_and(Error::is_reservation_conflict));
+        assert!(w.is_fenced());
+        drop(c);
+        assert!(w.registered_buffer().is_some());
     }
 }

@@ -4,6 +4,7 @@ use std::alloc::{self, Layout};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::{Error, Result};
 
@@ -16,6 +17,9 @@ use crate::error::{Error, Result};
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     layout: Layout,
+    /// Set for a buffer of a writer's registered pool: dropping it returns the memory
+    /// to the pool instead of freeing it (the kernel has it registered).
+    pooled: Option<(Arc<PoolInner>, u16)>,
 }
 
 // SAFETY: AlignedBuf uniquely owns its allocation (like Box<[u8]>); no interior
@@ -43,7 +47,11 @@ impl AlignedBuf {
         let Some(ptr) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
-        Ok(Self { ptr, layout })
+        Ok(Self {
+            ptr,
+            layout,
+            pooled: None,
+        })
     }
 
     /// Allocates a buffer aligned to `align` holding a copy of `data`.
@@ -66,6 +74,12 @@ impl AlignedBuf {
     /// The alignment this buffer was allocated with.
     pub fn align(&self) -> usize {
         self.layout.align()
+    }
+
+    /// Whether this buffer belongs to a writer's registered (fixed) buffers, lent by
+    /// [`DirectWriter::registered_buffer`](crate::DirectWriter::registered_buffer).
+    pub fn is_registered(&self) -> bool {
+        self.pooled.is_some()
     }
 
     /// Start address.
@@ -94,9 +108,131 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some((pool, index)) = self.pooled.take() {
+            pool.give_back(self.ptr, index);
+            return;
+        }
         // SAFETY: ptr was returned by alloc_zeroed with exactly this layout and is
-        // freed only here, once.
+        // freed only here, once (pooled buffers return above and are freed by the pool).
         unsafe { alloc::dealloc(self.ptr.as_ptr(), self.layout) }
+    }
+}
+
+/// Memory registered with an io_uring (`IORING_REGISTER_BUFFERS`): `count` buffers of
+/// one layout, lent out as [`AlignedBuf`]s that come back here when dropped. The
+/// memory is freed only when the pool and every lent buffer are gone, which is after
+/// the ring that registered it (the ring holds the pool), so the kernel never keeps a
+/// registration of freed memory.
+pub(crate) struct PoolInner {
+    layout: Layout,
+    all: Vec<NonNull<u8>>,
+    free: Mutex<Vec<(NonNull<u8>, u16)>>,
+}
+
+// SAFETY: the pointers are allocations owned by the pool; they are handed out only as
+// AlignedBufs (unique ownership) and taken back through the mutex.
+unsafe impl Send for PoolInner {}
+// SAFETY: as above; all shared mutation goes through the mutex.
+unsafe impl Sync for PoolInner {}
+
+impl PoolInner {
+    fn give_back(&self, ptr: NonNull<u8>, index: u16) {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push((ptr, index));
+    }
+}
+
+impl Drop for PoolInner {
+    fn drop(&mut self) {
+        for ptr in &self.all {
+            // SAFETY: each pointer came from alloc_zeroed with self.layout; every lent
+            // AlignedBuf held an Arc to this pool, so none is alive now.
+            unsafe { alloc::dealloc(ptr.as_ptr(), self.layout) }
+        }
+    }
+}
+
+/// A handle on a registered pool.
+#[derive(Clone)]
+pub(crate) struct BufPool(Arc<PoolInner>);
+
+impl fmt::Debug for BufPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BufPool")
+            .field("count", &self.0.all.len())
+            .field("len", &self.0.layout.size())
+            .finish()
+    }
+}
+
+impl BufPool {
+    /// Allocates `count` (at most `u16::MAX`) zeroed buffers of `len` bytes aligned to
+    /// `align`.
+    pub(crate) fn new(count: usize, len: usize, align: usize) -> Result<Self> {
+        let invalid = || Error::InvalidBuffer { len, align };
+        if len == 0 || count == 0 || count > usize::from(u16::MAX) {
+            return Err(invalid());
+        }
+        let layout = Layout::from_size_align(len, align).map_err(|_| invalid())?;
+        let mut all = Vec::with_capacity(count);
+        for _ in 0..count {
+            // SAFETY: the layout has a non-zero size (checked above).
+            let raw = unsafe { alloc::alloc_zeroed(layout) };
+            let Some(ptr) = NonNull::new(raw) else {
+                alloc::handle_alloc_error(layout)
+            };
+            all.push(ptr);
+        }
+        // Lend the lowest indices first.
+        let free = all
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|(i, p)| (*p, i as u16))
+            .collect();
+        Ok(Self(Arc::new(PoolInner {
+            layout,
+            all,
+            free: Mutex::new(free),
+        })))
+    }
+
+    /// The `iovec`s to register, in index order. They stay valid as long as this pool
+    /// (or a buffer lent from it) lives.
+    pub(crate) fn iovecs(&self) -> Vec<libc::iovec> {
+        self.0
+            .all
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr().cast(),
+                iov_len: self.0.layout.size(),
+            })
+            .collect()
+    }
+
+    /// Lends a free buffer, if any.
+    pub(crate) fn take(&self) -> Option<AlignedBuf> {
+        let (ptr, index) = self
+            .0
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()?;
+        Some(AlignedBuf {
+            ptr,
+            layout: self.0.layout,
+            pooled: Some((Arc::clone(&self.0), index)),
+        })
+    }
+
+    /// The registered index of `buf` if it was lent from this pool.
+    pub(crate) fn index_of(&self, buf: &AlignedBuf) -> Option<u16> {
+        match &buf.pooled {
+            Some((pool, index)) if Arc::ptr_eq(pool, &self.0) => Some(*index),
+            _ => None,
+        }
     }
 }
 
@@ -137,6 +273,7 @@ impl fmt::Debug for AlignedBuf {
             .field("addr", &self.ptr)
             .field("len", &self.len())
             .field("align", &self.align())
+            .field("registered", &self.pooled.as_ref().map(|(_, i)| *i))
             .finish()
     }
 }

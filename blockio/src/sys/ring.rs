@@ -17,7 +17,7 @@ use io_uring::{IoUring, Probe, opcode, squeue, types};
 
 use crate::error::{Error, Op, Result, Step, step};
 use crate::probe::FenceProbe;
-use crate::sys::buf::AlignedBuf;
+use crate::sys::buf::{AlignedBuf, BufPool};
 use crate::writer::{Completion, Fence, Req};
 
 /// Settings the ring is built with.
@@ -34,6 +34,10 @@ pub(crate) struct RingConfig {
     pub probe: Option<Arc<dyn FenceProbe>>,
     /// How long a "not fenced" verdict must hold (see `crate::probe`).
     pub probe_settle: std::time::Duration,
+    /// Registered (fixed) buffers to set up: how many, of how many bytes.
+    pub registered_buffers: Option<(usize, usize)>,
+    /// Alignment of the registered buffers.
+    pub buf_align: usize,
 }
 
 #[derive(Debug)]
@@ -85,6 +89,9 @@ pub(crate) struct Ring {
     pub(crate) fence: Fence,
     inject: VecDeque<i32>,
     submitted_total: u64,
+    // Declared after `ring`: the registered memory outlives the ring's registration.
+    pool: Option<BufPool>,
+    fixed_buf_pushed: u64,
 }
 
 fn ring_err(call: &'static str) -> impl FnOnce(io::Error) -> Error {
@@ -156,6 +163,35 @@ impl Ring {
                 }
             };
 
+        let pool = match cfg.registered_buffers {
+            Some((count, len))
+                if probe.is_supported(opcode::WriteFixed::CODE)
+                    && probe.is_supported(opcode::ReadFixed::CODE) =>
+            {
+                let pool = BufPool::new(count, len, cfg.buf_align)?;
+                let iovecs = pool.iovecs();
+                // SAFETY: each iovec is one of the pool's allocations with its exact
+                // length. The pool is kept in the Ring, declared after (so dropped
+                // after) the IoUring whose closing ends the registration; buffers lent
+                // from it keep the memory alive through their own Arc and return it
+                // to the pool instead of freeing it.
+                match unsafe { ring.submitter().register_buffers(&iovecs) } {
+                    Ok(()) => Some(pool),
+                    Err(e) => {
+                        tracing::warn!(error = %e, count, len, "io_uring: registering buffers failed (RLIMIT_MEMLOCK?); not using fixed buffers");
+                        None
+                    }
+                }
+            }
+            Some(_) => {
+                tracing::warn!(
+                    "io_uring: READ_FIXED/WRITE_FIXED unsupported; not using fixed buffers"
+                );
+                None
+            }
+            None => None,
+        };
+
         Ok(Ring {
             ring,
             file,
@@ -169,6 +205,8 @@ impl Ring {
             fence: Fence::new(cfg.probe.clone(), cfg.probe_settle),
             inject: VecDeque::new(),
             submitted_total: 0,
+            pool,
+            fixed_buf_pushed: 0,
         })
     }
 
@@ -204,6 +242,30 @@ impl Ring {
         // Lengths are checked against MAX_RW_COUNT (< u32::MAX) before submission.
         let len = (s.len - s.done) as u32;
         let off = s.offset + s.done as u64;
+        if let Some(index) = self.fixed_index(s) {
+            // `ptr..ptr+len` lies inside registered buffer `index` (the slot owns it).
+            let e = match (s.op, self.fixed_file) {
+                (Op::Write, true) => opcode::WriteFixed::new(types::Fixed(0), ptr, len, index)
+                    .offset(off)
+                    .rw_flags(self.write_flags)
+                    .build(),
+                (Op::Write, false) => {
+                    opcode::WriteFixed::new(types::Fd(self.file.as_raw_fd()), ptr, len, index)
+                        .offset(off)
+                        .rw_flags(self.write_flags)
+                        .build()
+                }
+                (Op::Read, true) => opcode::ReadFixed::new(types::Fixed(0), ptr, len, index)
+                    .offset(off)
+                    .build(),
+                (Op::Read, false) => {
+                    opcode::ReadFixed::new(types::Fd(self.file.as_raw_fd()), ptr, len, index)
+                        .offset(off)
+                        .build()
+                }
+            };
+            return e.user_data(idx as u64);
+        }
         let e = match (s.op, self.fixed_file) {
             (Op::Write, true) => opcode::Write::new(types::Fixed(0), ptr, len)
                 .offset(off)
@@ -223,6 +285,30 @@ impl Ring {
         e.user_data(idx as u64)
     }
 
+    /// The registered-buffer index for slot `s`, when it owns a buffer lent from this
+    /// ring's pool.
+    fn fixed_index(&self, s: &Slot) -> Option<u16> {
+        match (&self.pool, &s.buf) {
+            (Some(pool), SlotBuf::Owned(b)) => pool.index_of(b),
+            _ => None,
+        }
+    }
+
+    /// Lends one of the registered buffers, if the ring has them and one is free.
+    pub(crate) fn registered_buffer(&self) -> Option<AlignedBuf> {
+        self.pool.as_ref()?.take()
+    }
+
+    /// Whether the ring has registered buffers.
+    pub(crate) fn has_registered_buffers(&self) -> bool {
+        self.pool.is_some()
+    }
+
+    /// Number of SQEs pushed with a registered buffer.
+    pub(crate) fn fixed_buf_pushed(&self) -> u64 {
+        self.fixed_buf_pushed
+    }
+
     /// Pushes the SQE of slot `idx`; submits first if the SQ is full.
     fn push(&mut self, idx: usize) -> Result<()> {
         // An injected result replaces one submission, as it replaces one system call in
@@ -231,6 +317,9 @@ impl Ring {
             s.injected = self.inject.pop_front();
         }
         let entry = self.entry(idx);
+        let fixed = self.slots[idx]
+            .as_ref()
+            .is_some_and(|s| s.injected.is_none() && self.fixed_index(s).is_some());
         loop {
             // SAFETY: the entry points into slot `idx`'s buffer, at most `len - done`
             // bytes from `addr + done`, inside that buffer. The buffer stays valid until
@@ -238,9 +327,12 @@ impl Ring {
             // is only emptied when its CQE is processed (or leaked by Drop if draining
             // fails); a borrowed buffer belongs to a blocking call that does not return
             // before the slot's completion is reaped. The fd (or fixed file 0) is
-            // self.file, which outlives the ring.
+            // self.file, which outlives the ring. A fixed-buffer entry names registered
+            // buffer `index`, which is this slot's own buffer (`index_of` checked it was
+            // lent from this ring's pool), so the range lies inside that registration.
             let pushed = unsafe { self.ring.submission().push(&entry) };
             if pushed.is_ok() {
+                self.fixed_buf_pushed += u64::from(fixed);
                 return Ok(());
             }
             self.submit()?;
