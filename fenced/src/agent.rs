@@ -189,6 +189,12 @@ impl Drop for Agent {
 
 /// Keeps `lease` alive from the moment it is granted (a slow start must not let it
 /// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone.
+///
+/// "When" is the time the renewing request was *sent*: etcd renewed the lease at or
+/// after that instant, so the self-fence margin measured from it never overestimates
+/// what is left. A slow answer (a loaded etcd, a starved guest) is still a renewal: it
+/// is awaited for up to a TTL instead of being dropped as a failure. When the stream
+/// breaks, etcd is asked for the lease's remaining TTL, which dates its last renewal.
 fn spawn_keepalive(
     store: EtcdStore,
     node: NodeId,
@@ -205,11 +211,25 @@ fn spawn_keepalive(
     let task = tokio::spawn(async move {
         let mut stream = store.keep_alive(lease).await.ok();
         let mut tick = tokio::time::interval((ttl / 3).max(Duration::from_millis(200)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The newest renewal published: an older one is never published after it.
+        let mut last = Instant::now();
+        let mut broken_since: Option<Instant> = None;
+        let mut publish = |at: Instant, left: i64| {
+            if left <= 0 {
+                tracing::error!(step = "lease_expired", node = %node, "membership lease expired");
+                let _ = tx.send((Instant::now(), 0));
+            } else if at > last {
+                last = at;
+                let _ = tx.send((at, left));
+            }
+        };
         loop {
             tick.tick().await;
+            let sent = Instant::now();
             let renewed = match &mut stream {
                 Some((keeper, msgs)) => match keeper.keep_alive().await {
-                    Ok(()) => match tokio::time::timeout(ttl / 3, msgs.message()).await {
+                    Ok(()) => match tokio::time::timeout(ttl, msgs.message()).await {
                         Ok(Ok(Some(resp))) => Some(resp.ttl()),
                         _ => None,
                     },
@@ -219,23 +239,36 @@ fn spawn_keepalive(
             };
             match renewed {
                 Some(left) => {
-                    let _ = tx.send((Instant::now(), left));
+                    if let Some(since) = broken_since.take() {
+                        tracing::info!(node = %node, after = ?since.elapsed(), "lease keepalive restored");
+                    }
+                    publish(sent, left);
                     if left > 0 {
                         let _ = store.put_liveness(&node, unix_ms()).await;
-                    } else {
-                        tracing::error!(step = "lease_expired", node = %node, "membership lease expired");
                     }
                 }
                 None => {
-                    // The stream broke (etcd unreachable?): reopen, and ask etcd
-                    // directly whether the lease still exists (etcd-client reports an
-                    // expired lease on the stream only as a string).
+                    if broken_since.is_none() {
+                        broken_since = Some(sent);
+                        tracing::warn!(node = %node, "lease keepalive got no answer: reopening the stream");
+                    }
+                    // The stream broke or stalled (etcd unreachable or slow): reopen it,
+                    // and ask etcd directly how long the lease has left (etcd-client
+                    // reports an expired lease on the stream only as a string).
                     stream = store.keep_alive(lease).await.ok();
-                    if let Ok(left) = store.lease_ttl(lease).await
-                        && left <= 0
-                    {
-                        tracing::error!(step = "lease_expired", node = %node, "membership lease expired");
-                        let _ = tx.send((Instant::now(), 0));
+                    let asked = Instant::now();
+                    if let Ok(left) = store.lease_ttl(lease).await {
+                        // `left` whole seconds remained when etcd answered (at or after
+                        // `asked`): the lease was renewed no earlier than
+                        // asked - (ttl - left) - 1 s.
+                        let age = ttl
+                            .saturating_sub(Duration::from_secs(left.max(0).unsigned_abs()))
+                            + Duration::from_secs(1);
+                        if let Some(at) = asked.checked_sub(age) {
+                            publish(at, left);
+                        } else if left <= 0 {
+                            publish(asked, left);
+                        }
                     }
                 }
             }
