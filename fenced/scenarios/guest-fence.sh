@@ -7,6 +7,12 @@
 #      transaction guarded by its old generation is refused, and the daemon self-fences
 #      (exit 3) without re-registering its key
 #   4. `fenced leave` on n1: departs cleanly, is not fenced
+#   5. a device that refuses every preempt: n4 joins on host A and is SIGKILLed while
+#      the only controller left (n2) fences through host B, whose registration was moved
+#      to host C (same key, so n2's agent still finds its key and keeps running). Every
+#      preempt from host B gets Reservation Conflict from nvmet: the fence stays owed,
+#      never bumps, and each sweep logs the retry. Host B registered again, the next
+#      sweep completes the fence exactly once.
 # Run from the host with fenced/scenarios/run-guest-demo.sh. Prints a timeline.
 set -u
 A=${HWTEST_NVME_HOSTS%%,*}; rest=${HWTEST_NVME_HOSTS#*,}; B=${rest%%,*}; C=${rest#*,}
@@ -14,7 +20,7 @@ EP=http://127.0.0.1:2379
 ROOT=/demo
 t() { cut -d' ' -f1 /proc/uptime; }
 say() { echo "demo[$(t)s]: $*"; }
-die() { say "FAIL: $*"; for f in /tmp/n1.log /tmp/n2.log /tmp/n3.log /tmp/etcd.log; do echo "--- $f"; tail -n 30 "$f"; done; exit 1; }
+die() { say "FAIL: $*"; for f in /tmp/n1.log /tmp/n2.log /tmp/n3.log /tmp/n4.log /tmp/etcd.log; do echo "--- $f"; tail -n 30 "$f"; done; exit 1; }
 # until_ SECONDS WHAT CMD...: poll CMD every 0.5 s for at most SECONDS.
 until_() {
   lim=$1; what=$2; shift 2; start=$(t)
@@ -90,6 +96,53 @@ sleep 5
 G1=$(gen_of n1)
 [ "$G1" = 0 ] || die "n1 was fenced after leaving (generation $G1)"
 fenced status --etcd-endpoints $EP --root $ROOT
+say "refused preempt: n4 joins on host A"
+fenced run --node-id n4 --instance-id guest-n4 --block-device "$A" --fencer nvme \
+  --etcd-endpoints $EP --root $ROOT --ttl-secs 2 --sweep-secs 3 --claim-ttl-secs 30 \
+  --pid-file /tmp/n4.pid >/tmp/n4.log 2>&1 &
+PID4=$!
+registered4() { grep -q "registered on the device" /tmp/n4.log; }
+until_ 60 "n4 to join and register" registered4
+K2=$(key_of n2); K4=$(key_of n4)
+# Same key through host C first, so the report never lacks n2's key.
+nvme-resv register "$C" --nrkey "$K2" >/dev/null || die "registering n2's key through host C failed"
+nvme-resv register "$B" --rrega unregister --crkey "$K2" >/dev/null || die "unregistering host B failed"
+say "host B unregistered (n2's key $K2 now registered through host C only); SIGKILL n4 (pid $PID4)"
+kill -KILL "$PID4"; wait "$PID4" 2>/dev/null
+# In n2's log: refusals of n4's fence naming the device's answer, and the sweep's
+# "fence owed" line for n4 (one per sweep).
+refused4() { grep 'fence NOT confirmed' /tmp/n2.log | grep 'n4' | grep -c 'Reservation Conflict'; }
+owed4() { grep 'fence owed' /tmp/n2.log | grep -c 'n4'; }
+first() { [ "$(refused4)" -ge 1 ]; }
+until_ 30 "n2's first refused preempt of n4" first
+T4=$(t); S0=$(owed4); R0=$(refused4)
+two_sweeps() { [ "$(owed4)" -ge $((S0 + 2)) ]; }
+until_ 20 "two sweeps retrying n4's fence" two_sweeps
+S1=$(owed4); T6=$(t)
+each_refused() { [ $(($(refused4) - R0)) -ge $((S1 - S0)) ]; }
+until_ 15 "a refusal logged by each of the $((S1 - S0)) sweeps" each_refused
+R1=$(refused4)
+say "n4's fence retried by $((S1 - S0)) sweeps in $(awk "BEGIN{print $T6-$T4}")s, each refused (Reservation Conflict) and logged: $R1 refusals in all"
+grep 'fence NOT confirmed' /tmp/n2.log | grep 'n4' | tail -n 1
+ST=$(fenced status --etcd-endpoints $EP --root $ROOT)
+echo "$ST" | grep '^owed fences\|^generations'
+echo "$ST" | sed -n 's/^owed fences: *//p' | grep -q 'n4(' || die "n4's fence is not owed"
+echo "$ST" | sed -n 's/^generations: *//p' | grep -q 'n4=0' || die "n4's generation was bumped by a refused fence"
+report "$A" | grep -q "${K4#0x}" || die "n4's key is gone although every preempt was refused"
+nvme-resv register "$B" --nrkey "$K2" >/dev/null || die "registering host B again failed"
+nvme-resv register "$C" --rrega unregister --crkey "$K2" >/dev/null || die "unregistering host C failed"
+T5=$(t)
+say "host B registered again"
+bumped4() { [ "$(gen_of n4)" = 1 ]; }
+until_ 20 "n4's fence once the device accepts the preempt" bumped4
+say "n4 fenced: generation 0 -> 1 ($(awk "BEGIN{print $(t)-$T5}")s after the cause was removed)"
+sleep 3 # one more sweep: nothing left to do
+ST=$(fenced status --etcd-endpoints $EP --root $ROOT)
+echo "$ST" | sed -n 's/^generations: *//p' | grep -q 'n4=1' || die "n4 bumped more than once"
+echo "$ST" | sed -n 's/^owed fences: *//p' | grep -q 'n4(' && die "n4's fence still owed"
+[ "$(grep 'node fenced' /tmp/n2.log | grep -c 'n4')" = 1 ] || die "n4 not fenced exactly once"
+report "$A" | grep -q "${K4#0x}" && die "n4's key survived its fence"
+say "PASS: refused preempts: n4's fence stayed owed and unbumped through $((S1 - S0)) sweeps, each logged; completed once when host B was registered again"
 say "PASS: n3 fenced once (preempted, verified, bumped), refused by the device and the guard, self-fenced; n1 left unfenced"
 kill "$PID2" 2>/dev/null; wait "$PID2" 2>/dev/null
 kill "$ETCD"; wait "$ETCD" 2>/dev/null
