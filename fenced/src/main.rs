@@ -195,9 +195,9 @@ struct RunArgs {
     connect_timeout_secs: Option<u64>,
     /// Drop an etcd connection whose HTTP/2 PING is not answered within this many
     /// seconds (the client then reconnects, to another endpoint if this one is dead).
-    /// Default: the larger of 2 s and TTL/2, so a slow but working etcd does not
-    /// break the lease keepalive before the agent itself would give up (it waits
-    /// TTL/3 for each renewal's answer and self-fences after 2 x TTL without one).
+    /// Default: the larger of 2 s and TTL/2, so a slow link that still renews the
+    /// lease is not torn down (a drop restarts the membership watch, breaks the lease
+    /// keepalive stream and fails requests in flight).
     #[arg(long, env = "FENCED_ETCD_KEEPALIVE_TIMEOUT_SECS")]
     etcd_keepalive_timeout_secs: Option<u64>,
     /// Log as JSON lines.

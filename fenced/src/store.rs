@@ -404,11 +404,11 @@ impl EndpointHealth {
 }
 
 impl StoreOptions {
-    /// The options for an agent whose membership lease has `ttl`: the HTTP/2
-    /// keepalive timeout is at least TTL/2, so it never gives up on a slow connection
-    /// before the agent does (it waits TTL/3 for a renewal's answer). With a fixed 2 s
-    /// an agent with a 9 s lease behind a link of 1.1 s each way self-fenced although
-    /// etcd kept renewing its lease (`tests/etcd_faults.rs`).
+    /// The options for a daemon whose membership lease has `ttl`: the HTTP/2
+    /// keepalive timeout is at least TTL/2, so a slow link that still renews the lease
+    /// is not torn down. With a fixed 2 s, a 9 s lease behind a link of 1.1 s each way
+    /// kept losing its connection: watches restarted, requests in flight failed, and
+    /// the agent self-fenced with its lease alive in etcd (`tests/etcd_faults.rs`).
     pub fn for_lease_ttl(ttl: Duration) -> Self {
         let d = Self::default();
         Self {
