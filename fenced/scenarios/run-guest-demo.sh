@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's main-job demo, one command: builds `fenced`, boots the hwtests guest
 # (kernel nvmet target, one reservation-capable namespace, three loop hosts) and runs
-# fenced/scenarios/guest-fence.sh in it with etcd and three fenced daemons.
+# fenced/scenarios/guest-fence.sh in it with etcd and three fenced daemons (a fourth
+# joins for the last phase, a device that refuses every preempt).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
