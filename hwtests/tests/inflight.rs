@@ -136,10 +136,15 @@ fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
         .engine(EngineKind::IoUring)
         .queue_depth(QUEUE_DEPTH);
     if with_probe {
-        opts = opts.fence_probe(probe.clone());
+        // The probed rounds also write from registered (fixed) buffers, so WRITE_FIXED
+        // meets the real conflict and abort too; the unprobed one uses plain buffers.
+        opts = opts
+            .fence_probe(probe.clone())
+            .registered_buffers(QUEUE_DEPTH, BLOCK);
     }
     let mut wa = DirectWriter::open(&a.path, opts).expect("A open");
     assert_eq!(wa.engine(), EngineKind::IoUring);
+    assert_eq!(wa.uses_registered_buffers(), with_probe);
 
     let preempt_done: OnceLock<Instant> = OnceLock::new();
     let (go_tx, go_rx) = mpsc::channel::<()>();
@@ -158,7 +163,10 @@ fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
         });
 
         let mut free: Vec<AlignedBuf> = (0..QUEUE_DEPTH)
-            .map(|_| AlignedBuf::zeroed(BLOCK, align).expect("buffer"))
+            .map(|_| {
+                wa.registered_buffer()
+                    .unwrap_or_else(|| AlignedBuf::zeroed(BLOCK, align).expect("buffer"))
+            })
             .collect();
         let mut tag = 0u64;
         let mut signalled = false;
@@ -315,6 +323,13 @@ fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
         "A's writes after the preempt were refused by the device"
     );
     assert!(wa.is_fenced());
+    if with_probe {
+        assert!(
+            wa.registered_buffer_requests() >= ok.len() as u64,
+            "A's writes went out as WRITE_FIXED: {}",
+            wa.registered_buffer_requests()
+        );
+    }
     let buf = AlignedBuf::zeroed(BLOCK, align).expect("buffer");
     assert!(
         wa.write_at(&buf, REGION)
