@@ -227,6 +227,7 @@ pub struct EtcdStore {
     keys: Keys,
     round_trips: Arc<AtomicU64>,
     claim_ttl: Duration,
+    first_attempt_timeout: Duration,
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
@@ -303,16 +304,24 @@ pub struct StoreOptions {
     /// worst round trip to etcd you tolerate: a timeout breaks the agent's lease
     /// keepalive stream.
     pub keepalive_timeout: Duration,
+    /// A fence's claim and finishing transactions give their first attempt this long
+    /// before retrying; later attempts get the whole request timeout, so a link
+    /// slower than this still completes. Retrying is safe because both check whether
+    /// an earlier attempt landed. A proposal dropped by a dying leader is never
+    /// answered: waiting the whole request timeout for it delayed fences by ~5 s.
+    pub first_attempt_timeout: Duration,
 }
 
 impl Default for StoreOptions {
-    /// Connect 2 s, requests 5 s, PING after 2 s of silence, dropped after 2 s more.
+    /// Connect 2 s, requests 5 s (a fence transaction's first attempt 2 s), PING
+    /// after 2 s of silence, dropped after 2 s more.
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(2),
             keepalive_timeout: Duration::from_secs(2),
+            first_attempt_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -451,6 +460,7 @@ impl EtcdStore {
             keys: Keys::new(root),
             round_trips: Arc::new(AtomicU64::new(0)),
             claim_ttl,
+            first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
             _health: health,
         };
@@ -494,6 +504,25 @@ impl EtcdStore {
             .txn(txn)
             .await
             .map_err(|e| StoreError::classify(op, e))
+    }
+
+    /// One attempt of a fence transaction whose outcome the caller checks on retry:
+    /// the first gets [`StoreOptions::first_attempt_timeout`], later ones the request
+    /// timeout.
+    async fn fence_txn(&self, op: &'static str, txn: Txn, attempt: u32) -> Result<TxnResponse> {
+        if attempt > 1 {
+            return self.txn(op, txn).await;
+        }
+        match tokio::time::timeout(self.first_attempt_timeout, self.txn(op, txn)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable {
+                op,
+                source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(format!(
+                    "no answer within {:?} (first attempt; its outcome is checked on retry)",
+                    self.first_attempt_timeout
+                ))),
+            }),
+        }
     }
 
     /// Grants a lease of `ttl`.
@@ -632,7 +661,7 @@ impl EtcdStore {
         let mut attempt = 0;
         let resp = loop {
             attempt += 1;
-            let r = self.txn("claim", txn.clone()).await;
+            let r = self.fence_txn("claim", txn.clone(), attempt).await;
             #[cfg(feature = "failpoints")]
             let r = match r {
                 // Tests: the transaction was applied, its answer is "lost".
@@ -774,8 +803,10 @@ impl EtcdStore {
         // SIGKILLed during a fence dropped the proposal and the finish timed out.
         let t0 = Instant::now();
         let mut delay = Duration::from_millis(100);
+        let mut attempt = 0;
         let resp = loop {
-            match self.txn("finish", txn.clone()).await {
+            attempt += 1;
+            match self.fence_txn("finish", txn.clone(), attempt).await {
                 Err(e) if e.is_retryable() && t0.elapsed() + delay < self.claim_ttl => {
                     tracing::warn!(step = "bump", node = %node, error = %e, "finishing transaction failed, retrying (its outcome is checked)");
                     tokio::time::sleep(delay).await;
