@@ -467,7 +467,7 @@ async fn self_fence_threshold_under_etcd_latency() {
     let fleet = Fleet::new(etcd.endpoints());
     let direct = fleet.store().await;
     // One agent per delay (each way), each behind its own proxy.
-    let delays_ms = [0u64, 150, 250, 300, 350, 450, 700, 1200, 3000];
+    let delays_ms = [0u64, 150, 250, 300, 350, 450, 550, 650, 700, 1200, 3000];
     let mut runs = Vec::new();
     for d in delays_ms {
         let proxy = DelayProxy::start(etcd.addr(0)).await;
