@@ -80,6 +80,17 @@ pub struct Controller {
     sweep_now: Notify,
 }
 
+/// A transaction whose answer a fail point lost: it committed, the caller sees a
+/// timeout (the ambiguity a real deadline leaves).
+fn answer_lost(op: &'static str) -> StoreError {
+    StoreError::Unavailable {
+        op,
+        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+            "fail point: answer lost",
+        )),
+    }
+}
+
 /// An injected fault as a store error (the step's etcd request was never sent).
 fn fault_error(what: String) -> StoreError {
     StoreError::Malformed {
@@ -323,10 +334,15 @@ impl Controller {
         &self,
         victim: &Victim,
         guard: ClaimGuard,
+        lose_first_answer: bool,
     ) -> Result<ClaimResult, StoreError> {
         let mut delay = Duration::from_millis(50);
         for attempt in 0.. {
-            match self.store.claim(victim, &self.cfg.id, guard).await {
+            let mut r = self.store.claim(victim, &self.cfg.id, guard).await;
+            if lose_first_answer && attempt == 0 {
+                r = r.and_then(|_| Err(answer_lost("claim")));
+            }
+            match r {
                 Err(e) if e.is_retryable() && attempt < 4 => {
                     tracing::warn!(step = "claim", node = %victim.node, error = %e, "claim failed, retrying");
                     tokio::time::sleep(delay).await;
@@ -377,8 +393,8 @@ impl Controller {
             Instant::now(),
         );
         let (mut claimed, claim_rts) = count_round_trips(async {
-            fault(FenceStep::Claim).await.map_err(fault_error)?;
-            self.claim_with_retry(&victim, guard).await
+            let lose = fault(FenceStep::Claim).await.map_err(fault_error)?;
+            self.claim_with_retry(&victim, guard, lose).await
         })
         .await;
         critical += claim_rts;
@@ -395,7 +411,7 @@ impl Controller {
                     arenas.map_or("unknown".to_owned(), |n| n.to_string())
                 ));
                 claimed = self
-                    .claim_with_retry(&victim, ClaimGuard::IgnoreDeparture { deleted_rev })
+                    .claim_with_retry(&victim, ClaimGuard::IgnoreDeparture { deleted_rev }, false)
                     .await;
             }
         }
@@ -444,9 +460,10 @@ impl Controller {
                 Some((generation_rev, claim_rev, arenas)),
             ) => {
                 let bump = async {
-                    fault(FenceStep::Bump).await.map_err(fault_error)?;
+                    let lose = fault(FenceStep::Bump).await.map_err(fault_error)?;
                     let json = serde_json::to_string(&*audit).unwrap_or_default();
-                    self.store
+                    let r = self
+                        .store
                         .finish(
                             &victim.node,
                             from,
@@ -455,7 +472,11 @@ impl Controller {
                             release_arenas.then_some(arenas.as_slice()),
                             json,
                         )
-                        .await
+                        .await;
+                    if lose {
+                        return r.and_then(|_| Err(answer_lost("finish")));
+                    }
+                    r
                 };
                 let (r, finish_rts) = count_round_trips(bump).await;
                 critical += finish_rts;
@@ -491,8 +512,9 @@ impl Controller {
                     "fence NOT confirmed: generation not bumped, fence stays owed (sweep retries)"
                 );
                 let abort = async {
-                    fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
-                    self.store
+                    let lose = fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
+                    let r = self
+                        .store
                         .abort(
                             &victim.node,
                             claim_rev,
@@ -500,7 +522,11 @@ impl Controller {
                             audit.unix_ms,
                             json,
                         )
-                        .await
+                        .await;
+                    if lose {
+                        return r.and_then(|()| Err(answer_lost("abort")));
+                    }
+                    r
                 };
                 if let Err(e) = abort.await {
                     tracing::warn!(node = %victim.node, error = %e, "releasing the claim failed; it expires with its lease");

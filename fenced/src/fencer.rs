@@ -62,15 +62,19 @@ pub trait Fencer: Send + Sync + fmt::Debug {
 ///
 /// A point is configured with the `fail` crate. `return` without an argument fails the
 /// step in every controller. `return(TARGET=EFFECT,...)` chooses per controller:
-/// TARGET is a controller id, or an id prefix ending in `*`; EFFECT is `error`,
-/// `sleep:MS` (the fence waits MS milliseconds, without blocking a thread) or `crash`
-/// (the fence stops at the point for good, so a test can abort the controller while
-/// it is stopped mid-step: a crash at exactly that step). `fail`'s own `sleep(MS)`
+/// TARGET is a controller id, or an id prefix ending in `*`; EFFECT is `error` (the
+/// step is not performed and fails), `lost` (the step is performed but its answer is
+/// lost: the caller sees a timeout-like error), `sleep:MS` (the fence waits MS
+/// milliseconds, without blocking a thread) or `crash` (the fence stops at the point
+/// for good, so a test can abort the controller while it is stopped mid-step: a crash
+/// at exactly that step). `fail`'s own `sleep(MS)`
 /// and `pause` work too, but block the thread.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FaultEffect {
     /// The step failed (the fence stays owed).
     Error,
+    /// The step was performed but its answer was lost.
+    Lost,
     /// The step was delayed.
     Sleep(std::time::Duration),
     /// The fence stopped at the step, for good.
@@ -88,6 +92,8 @@ pub struct FaultHit {
     pub step: FenceStep,
     /// What it did.
     pub effect: FaultEffect,
+    /// When.
+    pub at: std::time::Instant,
 }
 
 #[cfg(feature = "failpoints")]
@@ -152,6 +158,7 @@ fn fault_effect(arg: &str, controller: &str) -> Option<FaultEffect> {
         }
         Some(match effect.split_once(':') {
             None if effect == "crash" => FaultEffect::Crash,
+            None if effect == "lost" => FaultEffect::Lost,
             Some(("sleep", ms)) => FaultEffect::Sleep(std::time::Duration::from_millis(
                 ms.parse().unwrap_or_else(|_| {
                     tracing::warn!(entry, "fail point: bad sleep, using 100 ms");
@@ -163,19 +170,20 @@ fn fault_effect(arg: &str, controller: &str) -> Option<FaultEffect> {
     })
 }
 
-/// `step`'s fail point (see [`FaultEffect`]). `Err`: the step fails with this message.
-pub(crate) async fn fault(step: FenceStep) -> Result<(), String> {
+/// `step`'s fail point (see [`FaultEffect`]). `Err`: the step fails with this message
+/// without being performed; `Ok(true)`: perform the step, then lose its answer.
+pub(crate) async fn fault(step: FenceStep) -> Result<bool, String> {
     #[cfg(feature = "failpoints")]
     {
         let Some(arg) = fault_config(step) else {
-            return Ok(());
+            return Ok(false);
         };
         let (controller, node) = FAULT_SCOPE.try_with(Clone::clone).unwrap_or_default();
         let effect = match arg.as_deref() {
             None | Some("") => FaultEffect::Error,
             Some(arg) => match fault_effect(arg, &controller) {
                 Some(e) => e,
-                None => return Ok(()),
+                None => return Ok(false),
             },
         };
         tracing::warn!(step = %step, controller = %controller, node = %node, ?effect, "fail point");
@@ -187,16 +195,18 @@ pub(crate) async fn fault(step: FenceStep) -> Result<(), String> {
                 node,
                 step,
                 effect,
+                at: std::time::Instant::now(),
             });
         match effect {
             FaultEffect::Error => return Err(format!("fail point fence::{}", step.name())),
+            FaultEffect::Lost => return Ok(true),
             FaultEffect::Sleep(d) => tokio::time::sleep(d).await,
             FaultEffect::Crash => std::future::pending::<()>().await,
         }
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = step;
-    Ok(())
+    Ok(false)
 }
 
 /// Single-signal mode: the generation is bumped on lease expiry alone. It stops a node
@@ -412,22 +422,35 @@ impl Fencer for NvmeFencer {
             let lost = |step, e: tokio::task::JoinError| {
                 FenceError::new(step, format!("fencer task failed: {e}"))
             };
-            fault(FenceStep::Sever)
+            let lose = fault(FenceStep::Sever)
                 .await
                 .map_err(|m| FenceError::new(FenceStep::Sever, m))?;
             let this = self.clone();
             let preempt = tokio::task::spawn_blocking(move || this.preempt(key))
                 .await
                 .map_err(|e| lost(FenceStep::Sever, e))??;
+            if lose {
+                return Err(FenceError::new(
+                    FenceStep::Sever,
+                    "fail point fence::sever: preempt issued, answer lost",
+                ));
+            }
             // Between the two device commands: a crash here leaves the key preempted
             // and the fence unconfirmed (the claim expires, another controller retries).
-            fault(FenceStep::Verify)
+            let lose = fault(FenceStep::Verify)
                 .await
                 .map_err(|m| FenceError::new(FenceStep::Verify, m))?;
             let this = self.clone();
-            tokio::task::spawn_blocking(move || this.verify(key, preempt))
+            let confirmed = tokio::task::spawn_blocking(move || this.verify(key, preempt))
                 .await
-                .map_err(|e| lost(FenceStep::Verify, e))?
+                .map_err(|e| lost(FenceStep::Verify, e))?;
+            if lose {
+                return Err(FenceError::new(
+                    FenceStep::Verify,
+                    "fail point fence::verify: report read, answer lost",
+                ));
+            }
+            confirmed
         })
     }
 }

@@ -75,6 +75,7 @@
 mod model;
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::{Duration, Instant};
 
 use model::*;
@@ -336,9 +337,40 @@ struct Graph {
     trapped: usize,
 }
 
+/// A cheap hasher for the graph's state index: in an unoptimized test build, SipHash
+/// over a state's hundred-odd small fields was most of the graph check's time.
+#[derive(Default)]
+struct Mix(u64);
+
+impl Hasher for Mix {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u16(&mut self, v: u16) {
+        self.write_u64(u64::from(v));
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, v: usize) {
+        self.write_u64(v as u64);
+    }
+    fn write_isize(&mut self, v: isize) {
+        self.write_u64(v as u64);
+    }
+}
+
 fn graph_check(m: &ProtocolModel) -> Graph {
     let owed = |s: &State| s.ghost.iter().any(|g| g.owed);
-    let mut index: HashMap<State, usize> = HashMap::new();
+    let mut index: HashMap<State, usize, BuildHasherDefault<Mix>> = HashMap::default();
     let mut states: Vec<State> = Vec::new();
     let mut succ: Vec<Vec<usize>> = Vec::new();
     let mut queue = VecDeque::new();
