@@ -16,7 +16,8 @@
 //! `cargo test -p fenced --features failpoints --test fault_schedules -- --nocapture`
 //! Environment: `FENCED_FAULT_SEED` (base seed; printed, random by default),
 //! `FENCED_FAULT_SCHEDULES` (default 200), `FENCED_FAULT_ONLY` (run one schedule, by
-//! index), `FENCED_FAULT_PARALLEL` (schedules at once, default 16). A schedule's plan
+//! index), `FENCED_FAULT_PARALLEL` (schedules at once, default 16),
+//! `FENCED_FAULT_STALL_MS` (stop etcd that long, 4 s into the run). A schedule's plan
 //! is reproduced exactly from the seed and index; its timing is not.
 #![cfg(feature = "failpoints")]
 
@@ -837,43 +838,57 @@ async fn drive(
         }
     }
 
-    // Settle: every dead node bumped, nothing owed, no claim, no dead member.
-    let settle_from = Instant::now();
-    let deadline = Duration::from_secs(30);
+    // Settle: every dead node bumped, nothing owed, no claim, no dead member. A live
+    // node whose lease expires meanwhile (a stalled machine) is dead from then on, and
+    // the system must settle again.
     let live = survivor.as_ref().map(|s| s.node.to_string());
-    loop {
+    let (status, live_could_write) = loop {
+        let settle_from = Instant::now();
+        let deadline = Duration::from_secs(30);
+        loop {
+            let status = world.status().await?;
+            let mut bumped = true;
+            for v in &dead {
+                bumped &= world.generation(v).await? >= 1;
+            }
+            let dead_member = status.members.iter().any(|(n, _)| dead.contains(n));
+            if bumped && status.owed.is_empty() && status.claims.is_empty() && !dead_member {
+                break;
+            }
+            if settle_from.elapsed() > deadline {
+                return Err(format!(
+                    "did not settle in {deadline:?}: owed {:?}, claims {:?}, members {:?}, \
+                     generations {:?}",
+                    status.owed, status.claims, status.members, status.generations
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        outcome.settle = t0.elapsed();
+        // Late or duplicated events must not bump again: look once more after a while,
+        // at one snapshot. The live node's key is read first: if the snapshot still
+        // shows it a member, it was one all along and nobody may have preempted it.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        let could_write = live.as_ref().is_some_and(|n| world.can_write(n));
         let status = world.status().await?;
-        if let Some(s) = &live
-            && !outcome.survivor_expired
-            && !status.members.iter().any(|(n, _)| n == s)
-        {
-            // Its lease expired under a stall (it self-fences): it is owed a fence now.
-            outcome.survivor_expired = true;
-            dead.push(s.clone());
+        match &live {
+            Some(n) if !dead.contains(n) && !status.members.iter().any(|(m, _)| m == n) => {
+                // Its lease expired under a stall (it self-fences): it is owed a fence.
+                outcome.survivor_expired = true;
+                dead.push(n.clone());
+            }
+            _ => break (status, could_write),
         }
-        let mut bumped = true;
-        for v in &dead {
-            bumped &= world.generation(v).await? >= 1;
-        }
-        let dead_member = status.members.iter().any(|(n, _)| dead.contains(n));
-        if bumped && status.owed.is_empty() && status.claims.is_empty() && !dead_member {
-            break;
-        }
-        if settle_from.elapsed() > deadline {
-            return Err(format!(
-                "did not settle in {deadline:?}: owed {:?}, claims {:?}, members {:?}, \
-                 generations {:?}",
-                status.owed, status.claims, status.members, status.generations
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    outcome.settle = t0.elapsed();
-    // Late or duplicated events must not bump again: look once more after a while.
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let status = world.status().await?;
+    };
+    let generation = |n: &str| {
+        status
+            .generations
+            .iter()
+            .find(|(m, _)| m == n)
+            .map_or(0, |(_, g)| *g)
+    };
     for v in &dead {
-        let g = world.generation(v).await?;
+        let g = generation(v);
         if g != 1 {
             return Err(format!("{v}: generation {g} after settling (want 1)"));
         }
@@ -888,24 +903,19 @@ async fn drive(
         ));
     }
     // Nodes that stayed alive or left cleanly were never fenced.
-    for n in live.iter().filter(|_| !outcome.survivor_expired) {
-        if status.members.iter().any(|(m, _)| m == n) {
-            let g = world.generation(n).await?;
-            if g != 0 {
-                let audit = world.store.audit_records(&node(n)).await;
-                return Err(format!(
-                    "live node {n} was bumped to {g}; members {:?}; audit {audit:?}",
-                    status.members
-                ));
-            }
-            if !world.can_write(n) {
-                return Err(format!("live node {n} lost its key"));
-            }
+    if let Some(n) = live.as_ref().filter(|n| !dead.contains(n)) {
+        let g = generation(n);
+        if g != 0 {
+            let audit = world.store.audit_records(&node(n)).await;
+            return Err(format!("live node {n} was bumped to {g}; audit {audit:?}"));
+        }
+        if !live_could_write {
+            return Err(format!("live node {n} lost its key"));
         }
     }
     if plan.leaver.is_some() && !outcome.leave_incomplete {
         let name = format!("{}leaves", plan.prefix);
-        let g = world.generation(&name).await?;
+        let g = generation(&name);
         if g != 0 {
             return Err(format!("node {name} left cleanly but was bumped to {g}"));
         }
@@ -955,6 +965,24 @@ async fn randomized_fault_schedules_keep_the_invariants() {
     };
     let c = Arc::new(Cluster::new());
     let started = Instant::now();
+    if let Some(ms) = env_u64("FENCED_FAULT_STALL_MS") {
+        // A stalled etcd (SIGSTOP, then SIGCONT) 4 s into the run: leases of live
+        // nodes may expire; such nodes must then be fenced exactly once.
+        let pid = c.etcd.pid().to_string();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let signal = |s: &str| {
+                std::process::Command::new("kill")
+                    .args([s, &pid])
+                    .status()
+                    .expect("kill")
+            };
+            println!("fault schedules: etcd stopped for {ms} ms");
+            signal("-STOP");
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            signal("-CONT");
+        });
+    }
     let gate = Arc::new(tokio::sync::Semaphore::new(parallel));
     let mut tasks = Vec::new();
     for &i in &indices {
