@@ -96,18 +96,19 @@ sleep 5
 G1=$(gen_of n1)
 [ "$G1" = 0 ] || die "n1 was fenced after leaving (generation $G1)"
 fenced status --etcd-endpoints $EP --root $ROOT
-say "refused preempt: n4 joins on host A"
+K2=$(key_of n2); K4=$(key_of n4)
+# Same key through host C first, so the report never lacks n2's key. Done before n4
+# starts: whenever n4 dies (even on its own), n2's preempt goes through host B.
+nvme-resv register "$C" --nrkey "$K2" >/dev/null || die "registering n2's key through host C failed"
+nvme-resv register "$B" --rrega unregister --crkey "$K2" >/dev/null || die "unregistering host B failed"
+say "refused preempt: host B unregistered (n2's key $K2 now registered through host C only); n4 joins on host A"
 fenced run --node-id n4 --instance-id guest-n4 --block-device "$A" --fencer nvme \
-  --etcd-endpoints $EP --root $ROOT --ttl-secs 2 --sweep-secs 3 --claim-ttl-secs 30 \
+  --etcd-endpoints $EP --root $ROOT --ttl-secs 3 --sweep-secs 3 --claim-ttl-secs 30 \
   --pid-file /tmp/n4.pid >/tmp/n4.log 2>&1 &
 PID4=$!
 registered4() { grep -q "registered on the device" /tmp/n4.log; }
 until_ 60 "n4 to join and register" registered4
-K2=$(key_of n2); K4=$(key_of n4)
-# Same key through host C first, so the report never lacks n2's key.
-nvme-resv register "$C" --nrkey "$K2" >/dev/null || die "registering n2's key through host C failed"
-nvme-resv register "$B" --rrega unregister --crkey "$K2" >/dev/null || die "unregistering host B failed"
-say "host B unregistered (n2's key $K2 now registered through host C only); SIGKILL n4 (pid $PID4)"
+say "SIGKILL n4 (pid $PID4)"
 kill -KILL "$PID4"; wait "$PID4" 2>/dev/null
 # In n2's log: refusals of n4's fence naming the device's answer, and the sweep's
 # "fence owed" line for n4 (one per sweep).
@@ -123,6 +124,7 @@ each_refused() { [ $(($(refused4) - R0)) -ge $((S1 - S0)) ]; }
 until_ 15 "a refusal logged by each of the $((S1 - S0)) sweeps" each_refused
 R1=$(refused4)
 say "n4's fence retried by $((S1 - S0)) sweeps in $(awk "BEGIN{print $T6-$T4}")s, each refused (Reservation Conflict) and logged: $R1 refusals in all"
+say "n4's refusals at (n2's log, UTC): $(grep 'fence NOT confirmed' /tmp/n2.log | grep 'n4' | awk '{print substr($1, 12, 10)}' | tr '\n' ' ')"
 grep 'fence NOT confirmed' /tmp/n2.log | grep 'n4' | tail -n 1
 ST=$(fenced status --etcd-endpoints $EP --root $ROOT)
 echo "$ST" | grep '^owed fences\|^generations'
