@@ -11,8 +11,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use crate::core::{
-    ClaimOutcome, FenceAction, FenceRun, FenceState, FenceStep, Trigger, Victim, honour_departure,
-    plan_sweep,
+    ClaimOutcome, Confirmation, FenceAction, FenceRun, FenceState, FenceStep, Trigger, Victim,
+    honour_departure, plan_sweep,
 };
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::node::NodeId;
@@ -354,6 +354,45 @@ impl Controller {
         unreachable!("the loop returns")
     }
 
+    /// `sever` + `verify` through `fencer`, unless the claim may have expired since
+    /// `claiming` (the start of the claim transaction). A controller that stalled
+    /// between its claim and the preempt (CPU starvation, a paused process) must not
+    /// preempt any more: once the claim is gone the victim may have started afresh
+    /// and joined, and the preempt would sever the new, healthy incarnation (found by
+    /// `tests/fault_schedules.rs`: a 3.4 s stall before `sever` with a 3 s claim TTL).
+    /// The fence stays owed; whoever claims next decides again.
+    async fn sever(
+        &self,
+        fencer: &dyn Fencer,
+        victim: &Victim,
+        claiming: Instant,
+    ) -> Result<Confirmation, (FenceStep, String)> {
+        let lose = fault(FenceStep::Sever)
+            .await
+            .map_err(|m| (FenceStep::Sever, m))?;
+        let held = claiming.elapsed();
+        if held > self.store.claim_ttl() / 2 {
+            tracing::warn!(step = "sever", node = %victim.node, claimed_ago = ?held, claim_ttl = ?self.store.claim_ttl(), "claim may have expired: not severing");
+            return Err((
+                FenceStep::Sever,
+                format!(
+                    "not severed: claimed {held:?} ago, the claim (TTL {:?}) may have expired",
+                    self.store.claim_ttl()
+                ),
+            ));
+        }
+        let r = fencer.fence(victim).await.map_err(|e| (e.step, e.message));
+        if lose {
+            return r.and_then(|_| {
+                Err((
+                    FenceStep::Sever,
+                    "fail point fence::sever: fencer ran, answer lost".to_owned(),
+                ))
+            });
+        }
+        r
+    }
+
     /// Runs one fence of `victim` to a terminal state. Every `Err` leaves the fence owed.
     pub async fn fence(&self, victim: Victim, trigger: Trigger, guard: ClaimGuard) -> FenceState {
         let fencer = self.fencer.clone();
@@ -392,6 +431,9 @@ impl Controller {
             fencer.name(),
             Instant::now(),
         );
+        // The claim's lease was granted at most a quarter TTL before this; it is never
+        // renewed.
+        let claiming = Instant::now();
         let (mut claimed, claim_rts) = count_round_trips(async {
             let lose = fault(FenceStep::Claim).await.map_err(fault_error)?;
             self.claim_with_retry(&victim, guard, lose).await
@@ -443,12 +485,8 @@ impl Controller {
         let won_claim = won.is_some();
         let mut action = run.on_claim(outcome, Instant::now());
         if action == FenceAction::Sever {
-            let r = fencer.fence(&victim).await;
-            action = run.on_sever(
-                r.map_err(|e| (e.step, e.message)),
-                Instant::now(),
-                unix_ms(),
-            );
+            let r = self.sever(fencer, &victim, claiming).await;
+            action = run.on_sever(r, Instant::now(), unix_ms());
         }
         match (action, won) {
             (

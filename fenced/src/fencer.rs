@@ -422,19 +422,11 @@ impl Fencer for NvmeFencer {
             let lost = |step, e: tokio::task::JoinError| {
                 FenceError::new(step, format!("fencer task failed: {e}"))
             };
-            let lose = fault(FenceStep::Sever)
-                .await
-                .map_err(|m| FenceError::new(FenceStep::Sever, m))?;
+            // (`fence::sever` is the controller's: it decides whether to sever at all.)
             let this = self.clone();
             let preempt = tokio::task::spawn_blocking(move || this.preempt(key))
                 .await
                 .map_err(|e| lost(FenceStep::Sever, e))??;
-            if lose {
-                return Err(FenceError::new(
-                    FenceStep::Sever,
-                    "fail point fence::sever: preempt issued, answer lost",
-                ));
-            }
             // Between the two device commands: a crash here leaves the key preempted
             // and the fence unconfirmed (the claim expires, another controller retries).
             let lose = fault(FenceStep::Verify)

@@ -151,6 +151,9 @@ struct Victim {
     node: String,
     arenas: usize,
     revoke: bool,
+    /// A fresh agent of the same node starts this long after the death (it joins as
+    /// soon as no fence claim blocks it).
+    rejoin_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -175,6 +178,7 @@ impl Plan {
                 node: format!("{prefix}v{v}"),
                 arenas: rng.range(0, 2) as usize,
                 revoke: rng.chance(70),
+                rejoin_ms: rng.chance(20).then(|| rng.range(0, 2500)),
             })
             .collect();
         let survivor = rng.chance(50).then(|| rng.range(0, 2) as usize);
@@ -309,7 +313,9 @@ struct Totals {
     revoked: usize,
     expired: usize,
     survivors: usize,
-    survivors_expired: usize,
+    live_expired: usize,
+    rejoined: usize,
+    rejoin_failed: usize,
     leavers: usize,
     leaves_incomplete: usize,
     setup_retries: usize,
@@ -447,6 +453,25 @@ impl World {
         Ok(RunningAgent::spawn(agent))
     }
 
+    /// A fresh start of `n`: the agent and the generation it joined with.
+    async fn rejoin(
+        &self,
+        c: &Cluster,
+        n: &str,
+        arenas: usize,
+    ) -> Result<(RunningAgent, u64), String> {
+        let agent = Agent::start(
+            self.connect().await?,
+            c.agent_cfg(n, arenas),
+            Some(Arc::new(self.ns.host(host_id(n)))),
+            key_of(n),
+        )
+        .await
+        .map_err(|e| format!("agent {n} restart: {e}"))?;
+        let generation = agent.generation();
+        Ok((RunningAgent::spawn(agent), generation))
+    }
+
     async fn generation(&self, n: &str) -> Result<u64, String> {
         let n = node(n);
         retry("read a generation", || self.store.generation(&n))
@@ -483,22 +508,28 @@ fn register_controller(ns: &Namespace, id: &str) {
         .expect("register the controller's key");
 }
 
-/// Watches the free pool from before the first death: every arena released must
-/// belong to a node whose key is gone from the namespace at that moment (a node that
-/// is still alive has its key, so its arenas must never come back).
+/// Watches the schedule's keys from before the first death: every arena a fence
+/// returns to the free pool (an audit record in the same revision) must belong to a
+/// node whose key is gone from the namespace at that moment. (A node that gives its
+/// own arenas back when it leaves has quiesced first; that is the protocol's.)
 fn watch_free_pool(
     world: &Arc<World>,
-    owners: HashMap<String, String>,
     violations: Arc<Mutex<Vec<String>>>,
 ) -> impl std::future::Future<Output = Result<JoinHandle<()>, String>> {
     let world = world.clone();
     async move {
-        let prefix = world.store.keys().arena_free_prefix();
+        let keys = world.store.keys().clone();
+        let free_prefix = keys.arena_free_prefix();
+        let owner_prefix = format!("{}arena_owner/", keys.root());
+        let audit_prefix = keys.audit_prefix();
         let mut client = world.store.client();
         let mut stream = client
-            .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
+            .watch(
+                keys.root(),
+                Some(WatchOptions::new().with_prefix().with_prev_key()),
+            )
             .await
-            .map_err(|e| format!("watch free pool: {e}"))?;
+            .map_err(|e| format!("watch the schedule's keys: {e}"))?;
         Ok(tokio::spawn(async move {
             loop {
                 let msg = match stream.message().await {
@@ -509,21 +540,57 @@ fn watch_free_pool(
                         return;
                     }
                 };
+                let key =
+                    |kv: &etcd_client::KeyValue| String::from_utf8_lossy(kv.key()).into_owned();
+                let mut owner_of = HashMap::new();
+                let mut audited = Vec::new();
                 for ev in msg.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    if ev.event_type() != EventType::Put {
-                        continue;
+                    let k = key(kv);
+                    if ev.event_type() == EventType::Delete
+                        && let (Some(arena), Some(prev)) =
+                            (k.strip_prefix(&owner_prefix), ev.prev_kv())
+                    {
+                        let owner = String::from_utf8_lossy(prev.value()).into_owned();
+                        owner_of.insert((kv.mod_revision(), arena.to_owned()), owner);
                     }
-                    let key = String::from_utf8_lossy(kv.key());
-                    let arena = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
-                    let Some(owner) = owners.get(&arena) else {
+                    if ev.event_type() == EventType::Put && k.starts_with(&audit_prefix) {
+                        audited.push(kv.mod_revision());
+                    }
+                }
+                for ev in msg.events() {
+                    let Some(kv) = ev.kv() else { continue };
+                    let k = key(kv);
+                    let Some(arena) = k.strip_prefix(&free_prefix) else {
                         continue;
                     };
-                    if world.can_write(owner) {
+                    let rev = kv.mod_revision();
+                    if ev.event_type() != EventType::Put || !audited.contains(&rev) {
+                        continue;
+                    }
+                    let Some(owner) = owner_of.get(&(rev, arena.to_owned())) else {
                         lock(&violations).push(format!(
-                            "arena {arena} returned to the free pool (rev {}) while its owner \
-                             {owner} can still write (key registered)",
-                            kv.mod_revision()
+                            "arena {arena} freed by a fence (rev {rev}) without an owner record"
+                        ));
+                        continue;
+                    };
+                    if !world.can_write(owner) {
+                        continue;
+                    }
+                    // Registered now: a fresh start of the owner that joined after this
+                    // release may have registered it since. Anything else is a release
+                    // before severance.
+                    let joined = world
+                        .store
+                        .client()
+                        .get(keys.membership(&node(owner)), None)
+                        .await
+                        .ok()
+                        .and_then(|r| r.kvs().first().map(etcd_client::KeyValue::create_revision));
+                    if joined.is_none_or(|j| j < rev) {
+                        lock(&violations).push(format!(
+                            "arena {arena} returned to the free pool (rev {rev}) while its owner \
+                             {owner} can still write (key registered, membership {joined:?})"
                         ));
                     }
                 }
@@ -541,8 +608,13 @@ struct Outcome {
     crash_states_checked: usize,
     arenas_released: usize,
     failed_attempts_audited: usize,
-    /// The live node's lease expired under a stall (it was fenced, legitimately).
-    survivor_expired: bool,
+    /// Live nodes whose lease expired under a stall (fenced, legitimately).
+    live_expired: usize,
+    /// Fresh starts of dead nodes that joined again, and that could not.
+    rejoined: usize,
+    rejoin_failed: usize,
+    /// Every node's final generation (checked against its audit records).
+    generations: Vec<(String, u64)>,
     /// The leaving node did not finish leaving (it was fenced, legitimately).
     leave_incomplete: bool,
     settle: Duration,
@@ -645,14 +717,8 @@ async fn run_schedule(
     let leaver = plan.leaver.and_then(|_| agents.pop());
     let survivor = plan.survivor.and_then(|_| agents.pop());
     let victims = agents;
-    let mut owners = HashMap::new();
-    for a in victims.iter().chain(&survivor) {
-        for arena in &a.arenas {
-            owners.insert(arena.clone(), a.node.to_string());
-        }
-    }
     let violations = Arc::new(Mutex::new(Vec::new()));
-    let watcher = watch_free_pool(&world, owners, violations.clone())
+    let watcher = watch_free_pool(&world, violations.clone())
         .await
         .map_err(setup)?;
     let mut ctls: Vec<Ctl> = Vec::new();
@@ -673,7 +739,10 @@ async fn run_schedule(
         }
     }
 
-    let result = drive(&world, &plan, &mut ctls, &victims, &survivor, leaver).await;
+    let result = drive(
+        &c, &world, &plan, &arenas, &mut ctls, &victims, &survivor, leaver,
+    )
+    .await;
 
     for ctl in &mut ctls {
         if let Some(t) = ctl.task.take() {
@@ -683,31 +752,25 @@ async fn run_schedule(
     for f in &plan.faults {
         set_fault(f, false);
     }
-    if let Some(s) = &survivor {
-        s.kill();
-        let _ = world.revoke(s.lease).await;
+    let rejoined = result.as_ref().map_or(&[][..], |(_, r)| r.as_slice());
+    for a in survivor.iter().chain(rejoined) {
+        a.kill();
+        let _ = world.revoke(a.lease).await;
     }
     watcher.abort();
     let mut found = lock(&violations).clone();
     let mut outcome = match result {
-        Ok(o) if found.is_empty() => o,
+        Ok((o, _)) if found.is_empty() => o,
         Ok(_) => return Err(Failure::Broken(found.join("; "))),
         Err(e) => {
             found.push(e);
             return Err(Failure::Broken(found.join("; ")));
         }
     };
-    // Audit: one confirmed bump per dead node; arenas released only with a confirmed
-    // severance.
-    let mut dead: Vec<String> = plan.victims.iter().map(|v| v.node.clone()).collect();
-    if outcome.survivor_expired {
-        dead.push(survivor_name);
-    }
-    if outcome.leave_incomplete {
-        dead.push(leaver_name);
-    }
-    for v in &dead {
-        let n = node(v);
+    // Audit: one audited bump per generation step of every node (a dead node was
+    // bumped exactly once per death); arenas released only with a confirmed severance.
+    for (v, generation) in outcome.generations.clone() {
+        let n = node(&v);
         let records = retry("audit records", || world.store.audit_records(&n))
             .await
             .map_err(broken)?;
@@ -715,8 +778,9 @@ async fn run_schedule(
         for r in &records {
             let result = r["fencer_result"].as_str().unwrap_or_default();
             let released = r["arenas_released"].as_array().map_or(0, Vec::len);
+            let before = r["generation_before"].as_u64().unwrap_or_default();
             let after = r["generation_after"].as_u64().unwrap_or_default();
-            if after == 1 {
+            if after > before {
                 bumps += 1;
                 outcome.arenas_released += released;
             } else {
@@ -728,9 +792,9 @@ async fn run_schedule(
                 )));
             }
         }
-        if bumps != 1 {
+        if bumps != generation {
             return Err(Failure::Broken(format!(
-                "{v}: {bumps} audited bumps (want 1): {records:?}"
+                "{v}: {bumps} audited bumps, generation {generation}: {records:?}"
             )));
         }
     }
@@ -740,23 +804,34 @@ async fn run_schedule(
 
 /// Kills the victims under the plan's faults, crashes and restarts controllers, then
 /// waits for the system to settle and checks it.
+#[allow(clippy::too_many_arguments)]
 async fn drive(
-    world: &World,
+    c: &Arc<Cluster>,
+    world: &Arc<World>,
     plan: &Plan,
+    arenas: &[String],
     ctls: &mut [Ctl],
     victims: &[RunningAgent],
     survivor: &Option<RunningAgent>,
     leaver: Option<RunningAgent>,
-) -> Result<Outcome, String> {
+) -> Result<(Outcome, Vec<RunningAgent>), String> {
     let mut outcome = Outcome::default();
     for f in &plan.faults {
         set_fault(f, true);
     }
     let mut active: Vec<bool> = vec![true; plan.faults.len()];
+    let mut rejoins = Vec::new();
     for (a, v) in victims.iter().zip(&plan.victims) {
         a.kill();
         if v.revoke {
             world.revoke(a.lease).await?;
+        }
+        if let Some(ms) = v.rejoin_ms {
+            let (c, world, v) = (c.clone(), world.clone(), v.clone());
+            rejoins.push(tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                (v.node.clone(), world.rejoin(&c, &v.node, v.arenas).await)
+            }));
         }
     }
     let leaver_name = leaver.as_ref().map(|l| l.node.to_string());
@@ -844,31 +919,80 @@ async fn drive(
     for f in &plan.faults {
         set_fault(f, false);
     }
-    let mut dead: Vec<String> = plan.victims.iter().map(|v| v.node.clone()).collect();
+    // Dead nodes and the generation each must end at; live nodes and the generation
+    // each joined with.
+    let mut dead: Vec<(String, u64)> = Vec::new();
+    let mut live: Vec<(String, u64, Vec<String>)> = Vec::new();
+    let mut rejoined = Vec::new();
+    for r in rejoins {
+        let (name, r) = r.await.map_err(|e| format!("rejoin task: {e}"))?;
+        match r {
+            Ok((agent, generation)) => {
+                outcome.rejoined += 1;
+                live.push((name, generation, agent.arenas.clone()));
+                rejoined.push(agent);
+            }
+            Err(e) => {
+                tracing::info!(node = %name, error = %e, "fresh start failed: stays dead");
+                outcome.rejoin_failed += 1;
+            }
+        }
+    }
+    for v in &plan.victims {
+        if !live.iter().any(|(n, ..)| *n == v.node) {
+            dead.push((v.node.clone(), 1));
+        }
+    }
+    if let Some(s) = survivor {
+        live.push((s.node.to_string(), 0, s.arenas.clone()));
+    }
     if let (Some(l), Some(name)) = (leaving, leaver_name) {
         let exit = l.await.map_err(|e| format!("leaver: {e}"))?;
-        if exit != AgentExit::Left {
+        if exit == AgentExit::Left {
+            outcome.generations.push((name, 0));
+        } else {
             // It could not finish leaving (its lease expired under a stall): the
             // peers owe it a fence like any dead node.
             outcome.leave_incomplete = true;
-            dead.push(name);
+            dead.push((name, 1));
         }
     }
+    match settle_and_check(world, arenas, &mut outcome, dead, live).await {
+        // The fresh starts stop after the controllers (else they would be fenced).
+        Ok(()) => Ok((outcome, rejoined)),
+        Err(e) => {
+            for a in &rejoined {
+                a.kill();
+            }
+            Err(e)
+        }
+    }
+}
 
-    // Settle: every dead node bumped, nothing owed, no claim, no dead member. A live
-    // node whose lease expires meanwhile (a stalled machine) is dead from then on, and
-    // the system must settle again.
-    let live = survivor.as_ref().map(|s| s.node.to_string());
-    let (status, live_could_write) = loop {
+/// Waits until every dead node is bumped to its generation, nothing is owed and no
+/// claim is held, then checks one snapshot. A live node whose lease expires meanwhile
+/// (a stalled machine) is dead from then on, and the system must settle again.
+async fn settle_and_check(
+    world: &World,
+    arenas: &[String],
+    outcome: &mut Outcome,
+    mut dead: Vec<(String, u64)>,
+    mut live: Vec<(String, u64, Vec<String>)>,
+) -> Result<(), String> {
+    let t0 = Instant::now();
+    let (status, could_write) = loop {
         let settle_from = Instant::now();
         let deadline = Duration::from_secs(30);
         loop {
             let status = world.status().await?;
             let mut bumped = true;
-            for v in &dead {
-                bumped &= world.generation(v).await? >= 1;
+            for (v, want) in &dead {
+                bumped &= world.generation(v).await? >= *want;
             }
-            let dead_member = status.members.iter().any(|(n, _)| dead.contains(n));
+            let dead_member = status
+                .members
+                .iter()
+                .any(|(n, _)| dead.iter().any(|(d, _)| d == n));
             if bumped && status.owed.is_empty() && status.claims.is_empty() && !dead_member {
                 break;
             }
@@ -881,20 +1005,24 @@ async fn drive(
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        outcome.settle = t0.elapsed();
+        outcome.settle += t0.elapsed();
         // Late or duplicated events must not bump again: look once more after a while,
-        // at one snapshot. The live node's key is read first: if the snapshot still
-        // shows it a member, it was one all along and nobody may have preempted it.
+        // at one snapshot. Live nodes' keys are read first: a node the snapshot still
+        // shows a member was one all along, so nobody may have preempted it.
         tokio::time::sleep(Duration::from_millis(600)).await;
-        let could_write = live.as_ref().is_some_and(|n| world.can_write(n));
+        let could_write: Vec<bool> = live.iter().map(|(n, ..)| world.can_write(n)).collect();
         let status = world.status().await?;
-        match &live {
-            Some(n) if !dead.contains(n) && !status.members.iter().any(|(m, _)| m == n) => {
-                // Its lease expired under a stall (it self-fences): it is owed a fence.
-                outcome.survivor_expired = true;
-                dead.push(n.clone());
-            }
-            _ => break (status, could_write),
+        let gone: Vec<usize> = (0..live.len())
+            .filter(|&i| !status.members.iter().any(|(m, _)| *m == live[i].0))
+            .collect();
+        if gone.is_empty() {
+            break (status, could_write);
+        }
+        for i in gone.into_iter().rev() {
+            // Its lease expired under a stall (it self-fences): it is owed a fence.
+            let (n, g, _) = live.remove(i);
+            outcome.live_expired += 1;
+            dead.push((n, g + 1));
         }
     };
     let generation = |n: &str| {
@@ -904,14 +1032,15 @@ async fn drive(
             .find(|(m, _)| m == n)
             .map_or(0, |(_, g)| *g)
     };
-    for v in &dead {
+    for (v, want) in &dead {
         let g = generation(v);
-        if g != 1 {
-            return Err(format!("{v}: generation {g} after settling (want 1)"));
+        if g != *want {
+            return Err(format!("{v}: generation {g} after settling (want {want})"));
         }
         if world.can_write(v) {
             return Err(format!("{v}: bumped but its key is still registered"));
         }
+        outcome.generations.push((v.clone(), g));
     }
     if !status.owed.is_empty() || !status.claims.is_empty() {
         return Err(format!(
@@ -919,48 +1048,44 @@ async fn drive(
             status.owed, status.claims
         ));
     }
-    // Nodes that stayed alive or left cleanly were never fenced.
-    if let Some(n) = live.as_ref().filter(|n| !dead.contains(n)) {
+    let owner = |arena: &String| {
+        status
+            .arenas
+            .iter()
+            .find(|(a, _)| a == arena)
+            .map(|(_, o)| o.clone())
+    };
+    // Live nodes were never fenced, kept their keys and own their arenas.
+    for ((n, joined, owned), wrote) in live.iter().zip(&could_write) {
         let g = generation(n);
-        if g != 0 {
+        if g != *joined {
             let audit = world.store.audit_records(&node(n)).await;
-            return Err(format!("live node {n} was bumped to {g}; audit {audit:?}"));
+            return Err(format!(
+                "live node {n} joined at generation {joined} but is at {g}; audit {audit:?}"
+            ));
         }
-        if !live_could_write {
+        if !wrote {
             return Err(format!("live node {n} lost its key"));
         }
-    }
-    if plan.leaver.is_some() && !outcome.leave_incomplete {
-        let name = format!("{}leaves", plan.prefix);
-        let g = generation(&name);
-        if g != 0 {
-            return Err(format!("node {name} left cleanly but was bumped to {g}"));
-        }
-    }
-    // The dead nodes' arenas are all free again; the live node's are still its own.
-    let free = &status.free_arenas;
-    for a in victims.iter().chain(survivor) {
-        let is_dead = dead.iter().any(|d| *d == a.node.as_str());
-        for arena in &a.arenas {
-            if is_dead && !free.contains(arena) {
-                return Err(format!(
-                    "{}: arena {arena} not back in the free pool",
-                    a.node
-                ));
-            }
-            let owned = status
-                .arenas
-                .iter()
-                .any(|(ar, owner)| ar == arena && *owner == a.node.as_str());
-            if !is_dead && !owned {
-                return Err(format!(
-                    "live node {}: arena {arena} not its own any more",
-                    a.node
-                ));
+        for arena in owned {
+            if owner(arena).as_deref() != Some(n.as_str()) {
+                return Err(format!("live node {n}: arena {arena} not its own any more"));
             }
         }
+        outcome.generations.push((n.clone(), g));
     }
-    Ok(outcome)
+    // No arena is lost or left to a dead node.
+    for arena in arenas {
+        match owner(arena) {
+            Some(o) if dead.iter().any(|(d, _)| *d == o) => {
+                return Err(format!("arena {arena} still owned by dead node {o}"));
+            }
+            Some(_) => {}
+            None if status.free_arenas.contains(arena) => {}
+            None => return Err(format!("arena {arena} neither owned nor free")),
+        }
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1044,7 +1169,9 @@ async fn randomized_fault_schedules_keep_the_invariants() {
                 totals.expired += plan.victims.iter().filter(|v| !v.revoke).count();
                 totals.survivors += usize::from(plan.survivor.is_some());
                 totals.leavers += usize::from(plan.leaver.is_some());
-                totals.survivors_expired += usize::from(o.survivor_expired);
+                totals.live_expired += o.live_expired;
+                totals.rejoined += o.rejoined;
+                totals.rejoin_failed += o.rejoin_failed;
                 totals.leaves_incomplete += usize::from(o.leave_incomplete);
                 for h in &o.hits {
                     *totals
@@ -1083,7 +1210,8 @@ async fn randomized_fault_schedules_keep_the_invariants() {
     let crashes: usize = totals.crashes.values().sum();
     println!(
         "fault schedules: seed {seed:#x}: {} schedules ok, {} failed, in {:.1} s; victims {} \
-         (revoked {}, expired {}), live nodes {} ({} expired under load, then fenced), leaving nodes {} ({} could not \
+         (revoked {}, expired {}), fresh starts {} ({} refused), live nodes {}, live nodes expired under load then \
+         fenced {}, leaving nodes {} ({} could not \
          finish, then fenced); set-ups retried {}; faults injected {} \
          (error {}, lost answer {}, sleep {} of which {} beyond the claim TTL, crash {}):{detail}; \
          controllers crashed mid-step {crashes} {:?} (state at the crash checked for {}), \
@@ -1095,8 +1223,10 @@ async fn randomized_fault_schedules_keep_the_invariants() {
         totals.victims,
         totals.revoked,
         totals.expired,
+        totals.rejoined + totals.rejoin_failed,
+        totals.rejoin_failed,
         totals.survivors,
-        totals.survivors_expired,
+        totals.live_expired,
         totals.leavers,
         totals.leaves_incomplete,
         totals.setup_retries,
@@ -1157,6 +1287,7 @@ async fn the_checks_catch_a_fencer_that_does_not_sever() {
             node: "liar-v0".into(),
             arenas: 2,
             revoke: true,
+            rejoin_ms: None,
         }],
         survivor: Some(1),
         leaver: None,
