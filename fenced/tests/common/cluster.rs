@@ -4,7 +4,7 @@
 //! controllers connected to any list of endpoints.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -25,18 +25,7 @@ use super::{Daemon, RunningAgent, TTL, device, host_id, key_of, node};
 /// when it retries (with the common harness's 3 s the claim is gone by then).
 pub const FLEET_CLAIM_TTL: Duration = Duration::from_secs(10);
 
-/// The etcd binary: `$FENCED_TEST_ETCD` or Debian's `/usr/bin/etcd` (3.4).
-fn etcd_binary() -> String {
-    std::env::var("FENCED_TEST_ETCD").unwrap_or_else(|_| "/usr/bin/etcd".to_owned())
-}
-
-/// A free loopback port (the listener is closed again at once).
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a loopback port")
-}
+pub use test_support::{etcd_binary, free_port};
 
 struct Member {
     name: String,
