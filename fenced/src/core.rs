@@ -539,6 +539,8 @@ pub struct SweepSnapshot {
     pub arenas: BTreeMap<NodeId, usize>,
     /// Nodes with a fence claim held right now.
     pub claims: BTreeSet<NodeId>,
+    /// `instance/<node>`: the instance id each node last joined with.
+    pub instances: BTreeMap<NodeId, String>,
 }
 
 /// Revisions the sweep decided from: the claim transaction compares them, which is the
@@ -624,10 +626,19 @@ pub fn plan_sweep(s: &SweepSnapshot) -> SweepPlan {
             plan.claimed.push(node.clone());
             continue;
         }
-        let instance = pending
-            .map(|(i, _)| i.clone())
-            .or_else(|| departed.map(|(i, _)| i.clone()))
-            .unwrap_or_default();
+        // The intent's instance, else the departure marker's, else the one recorded
+        // at join: a node whose membership vanished before anyone recorded an intent
+        // (the watch missed or had not yet delivered the DELETE) is still EBS-fencible.
+        let instance = [
+            pending.map(|(i, _)| i),
+            departed.map(|(i, _)| i),
+            s.instances.get(node),
+        ]
+        .into_iter()
+        .flatten()
+        .find(|i| !i.is_empty())
+        .cloned()
+        .unwrap_or_default();
         plan.fence.push(SweepOwed {
             victim: Victim {
                 node: node.clone(),
@@ -937,6 +948,39 @@ mod tests {
             }
         );
         assert_eq!(plan.fence[2].guard.departed_rev, 17);
+    }
+
+    #[test]
+    fn sweep_victim_instance_falls_back_to_the_one_recorded_at_join() {
+        let mut s = SweepSnapshot::default();
+        // n1: gone before any intent: only `instance/` knows its attachment.
+        s.generations.insert(n("n1"), (0, 3));
+        s.instances.insert(n("n1"), "i-1".into());
+        // n2: an intent recorded without an instance (an older sweep) does not hide it.
+        s.generations.insert(n("n2"), (0, 4));
+        s.pending.insert(n("n2"), (String::new(), 9));
+        s.instances.insert(n("n2"), "i-2".into());
+        // n3: the intent's instance wins over the join record.
+        s.generations.insert(n("n3"), (0, 5));
+        s.pending.insert(n("n3"), ("i-3-intent".into(), 10));
+        s.instances.insert(n("n3"), "i-3-join".into());
+        // n4: nothing known anywhere: empty (the EBS fencer refuses it, loudly).
+        s.generations.insert(n("n4"), (0, 6));
+        let plan = plan_sweep(&s);
+        let got: Vec<_> = plan
+            .fence
+            .iter()
+            .map(|o| (o.victim.node.as_str(), o.victim.instance.as_str()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("n1", "i-1"),
+                ("n2", "i-2"),
+                ("n3", "i-3-intent"),
+                ("n4", "")
+            ]
+        );
     }
 
     #[test]

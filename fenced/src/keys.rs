@@ -80,6 +80,13 @@ impl Keys {
         liveness, liveness_prefix, "liveness"
     );
 
+    node_key!(
+        /// `instance/<node>`: the instance id the node last joined with. It has no
+        /// lease, so a sweep that finds the node already gone (its membership value
+        /// lost with it) still knows which attachment an EBS fence must detach.
+        instance, instance_prefix, "instance"
+    );
+
     /// `arena_owner/<arena>`: owner of one arena.
     pub fn arena_owner(&self, arena: &str) -> String {
         format!("{}arena_owner/{arena}", self.root)

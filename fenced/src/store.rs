@@ -895,6 +895,7 @@ impl EtcdStore {
             TxnOp::get(k.departed_prefix(), prefix()),
             TxnOp::get(k.arena_node_all_prefix(), prefix_keys_only()),
             TxnOp::get(k.claim_prefix(), prefix_keys_only()),
+            TxnOp::get(k.instance_prefix(), prefix()),
         ]);
         let resp = self.txn("sweep", txn).await?;
         let ops = resp.op_responses();
@@ -934,6 +935,11 @@ impl EtcdStore {
                 s.claims.insert(n);
             }
         }
+        for kv in kvs(&ops[7]) {
+            if let Some(n) = k.node_of(&k.instance_prefix(), kv.key()) {
+                s.instances.insert(n, text(kv));
+            }
+        }
         Ok((s, revision(&resp)))
     }
 
@@ -968,6 +974,7 @@ impl EtcdStore {
                 TxnOp::delete(k.done(node), None),
                 TxnOp::delete(k.departed(node), None),
                 TxnOp::get(k.generation(node), None),
+                TxnOp::put(k.instance(node), instance, None),
             ]);
         let resp = self.txn("join", txn).await?;
         if !resp.succeeded() {

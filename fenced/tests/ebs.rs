@@ -376,6 +376,40 @@ async fn ebs_agent(cluster: &common::Cluster, n: &str, instance: &str) -> common
     common::RunningAgent::spawn(agent)
 }
 
+/// A node that died while no controller was watching (all restarting, or the watch
+/// lagging) is found by the sweep with its membership, and the instance id in it,
+/// already gone: the fence must still know which attachment to detach.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_fence_of_a_node_gone_before_any_controller_saw_it_detaches_its_instance() {
+    let cluster = common::Cluster::new();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let i1 = ebs_peer::run_instance(&ec2).await;
+    let vol = ebs_peer::create_volume(&ec2).await;
+    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let store = cluster.store().await;
+    let a1 = ebs_agent(&cluster, "n1", &i1).await;
+    a1.kill();
+    store.revoke(a1.lease).await.unwrap();
+    assert!(store.status().await.unwrap().members.is_empty());
+
+    // Only now a controller starts: no DELETE event will ever reach it.
+    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
+    common::wait_until("n1 fenced by the sweep", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { common::generation(&store, "n1").await == 1 }
+    })
+    .await;
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+    let audit = store.audit_records(&common::node("n1")).await.unwrap();
+    let last = audit.last().expect("an audit record");
+    assert_eq!(last["trigger"], "sweep", "{last}");
+    assert_eq!(last["instance"], i1.as_str(), "{last}");
+    assert_eq!(last["fencer_result"], "confirmed", "{last}");
+    assert_eq!(ctl.stats().failed.load(Ordering::Relaxed), 0);
+    task.abort();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_expiry_ebs_fence_bump() {
     let cluster = common::Cluster::new();
