@@ -272,6 +272,30 @@ fn text(kv: &KeyValue) -> String {
     String::from_utf8_lossy(kv.value()).into_owned()
 }
 
+/// A won claim: the generation (and its mod revision) from the `generation` read, the
+/// victim's arenas from the `arenas` index read, and the claim's revision.
+fn won(
+    k: &Keys,
+    generation: &TxnOpResponse,
+    arenas: &TxnOpResponse,
+    claim_rev: i64,
+) -> Result<ClaimOutcome> {
+    let (generation, generation_rev) = match kvs(generation).first() {
+        Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
+        None => (0, 0),
+    };
+    let arenas = kvs(arenas)
+        .iter()
+        .filter_map(|kv| k.arena_node_of(kv.key()).map(|(_, a)| a))
+        .collect();
+    Ok(ClaimOutcome::Won {
+        generation,
+        generation_rev,
+        claim_rev,
+        arenas,
+    })
+}
+
 fn revision(resp: &TxnResponse) -> i64 {
     resp.header().map_or(0, |h| h.revision())
 }
@@ -691,20 +715,12 @@ impl EtcdStore {
         };
         let ops = resp.op_responses();
         if resp.succeeded() {
-            let (generation, generation_rev) = match kvs(&ops[2]).first() {
-                Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
-                None => (0, 0),
-            };
-            let arenas = kvs(&ops[3])
-                .iter()
-                .filter_map(|kv| k.arena_node_of(kv.key()).map(|(_, a)| a))
-                .collect();
-            return Ok(ClaimResult::Outcome(ClaimOutcome::Won {
-                generation,
-                generation_rev,
-                claim_rev: revision(&resp),
-                arenas,
-            }));
+            return Ok(ClaimResult::Outcome(won(
+                k,
+                &ops[2],
+                &ops[3],
+                revision(&resp),
+            )?));
         }
         if let Some(kv) = kvs(&ops[0]).first()
             && attempt > 1
@@ -714,20 +730,12 @@ impl EtcdStore {
             // generation bump and an arena change need this claim or the victim's
             // membership, which a join cannot take while the claim exists.
             tracing::info!(step = "claim", node = %n, attempt, "an earlier claim attempt whose answer was lost had landed: the claim is ours");
-            let (generation, generation_rev) = match kvs(&ops[5]).first() {
-                Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
-                None => (0, 0),
-            };
-            let arenas = kvs(&ops[3])
-                .iter()
-                .filter_map(|kv| k.arena_node_of(kv.key()).map(|(_, a)| a))
-                .collect();
-            return Ok(ClaimResult::Outcome(ClaimOutcome::Won {
-                generation,
-                generation_rev,
-                claim_rev: kv.create_revision(),
-                arenas,
-            }));
+            return Ok(ClaimResult::Outcome(won(
+                k,
+                &ops[5],
+                &ops[3],
+                kv.create_revision(),
+            )?));
         }
         // The lease was not used: keep it as the spare.
         *self.spare.lock().await = Some((lease, Instant::now() - self.claim_ttl / 8));
