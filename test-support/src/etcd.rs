@@ -25,6 +25,22 @@ pub fn etcd_binary() -> String {
         .unwrap_or_else(|| "/usr/bin/etcd".to_owned())
 }
 
+/// Whether the etcd whose client port is `client_port` on 127.0.0.1 answers
+/// `/health` with `"health":"true"` (it is up and its cluster has a leader).
+pub fn healthy(client_port: u16) -> bool {
+    let Ok(mut s) = TcpStream::connect(("127.0.0.1", client_port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.contains("\"health\":\"true\"")
+}
+
 /// A free loopback TCP port (bound, then released: another process may take it before
 /// the caller binds it, which [`Etcd::start`] reports as a failed start with etcd's log).
 pub fn free_port() -> u16 {
@@ -98,17 +114,7 @@ impl Etcd {
     }
 
     fn healthy(&self) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.client_port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.contains("\"health\":\"true\"")
+        healthy(self.client_port)
     }
 
     /// The client URL, `http://127.0.0.1:<port>`.

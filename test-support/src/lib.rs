@@ -7,4 +7,4 @@
 
 pub mod etcd;
 
-pub use etcd::{Etcd, etcd_binary, free_port};
+pub use etcd::{Etcd, etcd_binary, free_port, healthy};

@@ -3,8 +3,7 @@
 //! every byte by a delay switchable at run time, and a fleet of in-process agents and
 //! controllers connected to any list of endpoints.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -175,17 +174,7 @@ impl EtcdCluster {
 
     /// `/health` of member `i` answers true (it is up and the cluster has a leader).
     pub fn healthy(&self, i: usize) -> bool {
-        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.members[i].client_port)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-        let req = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-        if s.write_all(req.as_bytes()).is_err() {
-            return false;
-        }
-        let mut out = String::new();
-        let _ = s.read_to_string(&mut out);
-        out.contains("\"health\":\"true\"")
+        test_support::healthy(self.members[i].client_port)
     }
 
     /// Number of members.
