@@ -41,17 +41,6 @@ impl Fencer for SlowSever {
     }
 }
 
-/// Completed fences of `n` in its audit records (generation changed).
-async fn fences_of(store: &EtcdStore, n: &str) -> Vec<serde_json::Value> {
-    store
-        .audit_records(&node(n))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|a| a["generation_after"] != a["generation_before"])
-        .collect()
-}
-
 fn registered(host: &device::Host, n: &str) -> bool {
     host.report()
         .unwrap()

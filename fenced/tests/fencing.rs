@@ -24,17 +24,6 @@ fn registered(host: &device::Host, n: &str) -> bool {
         .any(|r| r.rkey == key_of(n))
 }
 
-/// Completed (non-failed) audit records of `n`.
-async fn fences_of(store: &fenced::store::EtcdStore, n: &str) -> Vec<serde_json::Value> {
-    store
-        .audit_records(&node(n))
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|a| a["generation_after"] != a["generation_before"])
-        .collect()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_death_is_fenced_once_and_arenas_return() {
     let c = Cluster::new();

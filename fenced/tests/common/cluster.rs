@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use fenced::agent::{Agent, AgentConfig};
 use fenced::controller::{Controller, ControllerConfig};
-use fenced::fencer::{Fencer, NvmeFencer, PreemptMode};
+use fenced::fencer::Fencer;
 use fenced::store::EtcdStore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
@@ -458,11 +458,7 @@ impl Fleet {
 
     /// The NVMe fencer of node `n` (preempt-and-abort through its host handle).
     pub fn nvme_fencer(&self, n: &str) -> Arc<dyn Fencer> {
-        Arc::new(NvmeFencer::new(
-            Arc::new(self.host(n)),
-            key_of(n),
-            PreemptMode::PreemptAndAbort,
-        ))
+        super::nvme_fencer(&self.ns, n)
     }
 
     /// An agent plus a controller fencing with its host's NVMe handle: one daemon.

@@ -75,11 +75,7 @@ impl Cluster {
     }
 
     pub fn nvme_fencer(&self, n: &str) -> Arc<dyn Fencer> {
-        Arc::new(NvmeFencer::new(
-            Arc::new(self.host(n)),
-            key_of(n),
-            PreemptMode::PreemptAndAbort,
-        ))
+        nvme_fencer(&self.ns, n)
     }
 
     pub fn controller_cfg(&self, id: &str) -> ControllerConfig {
@@ -202,6 +198,27 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The NVMe fencer of node `n` on `ns` (preempt-and-abort through its host handle).
+pub fn nvme_fencer(ns: &device::Namespace, n: &str) -> Arc<dyn Fencer> {
+    Arc::new(NvmeFencer::new(
+        Arc::new(ns.host(host_id(n))),
+        key_of(n),
+        PreemptMode::PreemptAndAbort,
+    ))
+}
+
+/// Completed fences of `n` in its audit records (the generation changed; failed
+/// attempts excluded).
+pub async fn fences_of(store: &EtcdStore, n: &str) -> Vec<serde_json::Value> {
+    store
+        .audit_records(&node(n))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a["generation_after"] != a["generation_before"])
+        .collect()
 }
 
 /// The generation of `n` in etcd.
