@@ -725,6 +725,11 @@ async fn attest(
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Test builds only: fail points configured by `FAILPOINTS` (e.g.
+    // `FAILPOINTS='fence::bump=return(a/*=crash)'`, see `fenced::fencer::FaultEffect`),
+    // so tests can stop a real daemon process at one protocol step and kill it there.
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
