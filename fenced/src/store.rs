@@ -229,6 +229,8 @@ pub struct EtcdStore {
     claim_ttl: Duration,
     first_attempt_timeout: Duration,
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
+    /// Counts endpoints taken out of rotation ([`EtcdStore::endpoint_removals`]).
+    removals: Arc<tokio::sync::watch::Sender<u64>>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -334,11 +336,17 @@ pub struct StoreOptions {
     /// an earlier attempt landed. A proposal dropped by a dying leader is never
     /// answered: waiting the whole request timeout for it delayed fences by ~5 s.
     pub first_attempt_timeout: Duration,
+    /// With several endpoints, how long each health probe waits for a member's answer
+    /// (capped by the connect timeout) before that member is taken out of rotation.
+    /// Keep it well under the lease TTL: keepalives sitting on a hung member are
+    /// moved only once it is detected (up to 500 ms + this later).
+    pub health_timeout: Duration,
 }
 
 impl Default for StoreOptions {
     /// Connect 2 s, requests 5 s (a fence transaction's first attempt 2 s), PING
-    /// after 2 s of silence, dropped after 2 s more.
+    /// after 2 s of silence, dropped after 2 s more; health probes 1 s (etcd's own
+    /// `/health` gives its quorum read 1 s).
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
@@ -346,6 +354,7 @@ impl Default for StoreOptions {
             keepalive_interval: Duration::from_secs(2),
             keepalive_timeout: Duration::from_secs(2),
             first_attempt_timeout: Duration::from_secs(2),
+            health_timeout: Duration::from_secs(1),
         }
     }
 }
@@ -353,17 +362,34 @@ impl Default for StoreOptions {
 /// How often [`EndpointHealth`] probes the endpoints.
 const HEALTH_PERIOD: Duration = Duration::from_millis(500);
 
-/// Keeps the client's balanced channel on the endpoints that accept connections.
+/// Keeps the client's balanced channel on the endpoints that serve.
 ///
 /// etcd-client spreads requests over every endpoint it was given and keeps sending a
-/// share of them to a member that is down, each failing at once with "tcp connect
-/// error" (measured in `tests/etcd_faults.rs`: with one of three members SIGKILLed,
-/// claims, bumps and sweeps kept failing until the test's deadline). This task
-/// connects to each endpoint every [`HEALTH_PERIOD`] and takes the ones that refuse
-/// (or do not answer within the connect timeout) out of the rotation, and puts them
-/// back when they answer again. When none answers, all stay in, so requests fail fast
-/// instead of waiting for an endpoint. A member that accepts connections but does not
-/// serve (stopped, partitioned) is left to the HTTP/2 keepalive and request timeouts.
+/// share of them to a member that is down or hung. A member that refuses connections
+/// fails each of them at once ("tcp connect error"; with one of three members
+/// SIGKILLed, claims, bumps and sweeps kept failing until the test's deadline). A
+/// member that still accepts connections but does not serve (the process stopped or
+/// hung, a stalled disk, cut off from its quorum) is worse: the kernel completes the
+/// connection, and requests, watches and lease keepalives balanced onto it wait for
+/// their timeouts; with a 2 s lease every healthy agent self-fenced
+/// (`tests/hung_member.rs`).
+///
+/// So every [`HEALTH_PERIOD`] this task probes all endpoints concurrently (per endpoint
+/// and round: one TCP connect and two small requests), each within
+/// [`StoreOptions::health_timeout`]: a TCP connect, then, through a client of its own
+/// on that endpoint alone, a linearizable count-only read of one key and a
+/// maintenance `Status` call side by side. The read needs the member to run and to
+/// reach a leader, at no disk write; `Status` is answered locally by any running
+/// member. An endpoint *serves* when the read answers; it is *degraded* when only
+/// `Status` answers (an election, no quorum, a stalled apply), and *silent* when
+/// nothing answers (stopped, hung) or it refuses the connection. In rotation: the
+/// endpoints that serve; when none does, those that at least answer (during an
+/// election the healthy members answer `Status` and the hung one does not); when none
+/// answers, all, so requests fail fast instead of waiting for one endpoint. Each
+/// transition is logged once (`step = "etcd_endpoint"`) and counted in
+/// [`EtcdStore::endpoint_removals`]. If a probe client cannot be built for an
+/// endpoint (an `https://` URL: this build of etcd-client has no TLS), that endpoint
+/// is probed by TCP connect alone, as before.
 struct EndpointHealth {
     task: tokio::task::JoinHandle<()>,
 }
@@ -386,46 +412,224 @@ async fn accepts(endpoint: &str, timeout: Duration) -> bool {
         .is_ok_and(|r| r.is_ok())
 }
 
+/// What one probe of an endpoint found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Probe {
+    /// Answered the linearizable read in time.
+    Serves,
+    /// Answered `Status` but not the read (why, in words).
+    Degraded(String),
+    /// Accepted the connection but answered nothing in time.
+    Silent,
+    /// Refused the connection or did not accept it in time.
+    Refused,
+}
+
+impl Probe {
+    /// The verdict on an endpoint that accepted the connection: `read` is the read's
+    /// outcome (`None`: no answer within `timeout`), `status_ok` whether `Status`
+    /// answered in time.
+    fn of(
+        read: Option<Result<(), etcd_client::Error>>,
+        status_ok: bool,
+        timeout: Duration,
+    ) -> Self {
+        match (read, status_ok) {
+            (Some(Ok(())), _) => Self::Serves,
+            (_, false) => Self::Silent,
+            (None, true) => Self::Degraded(format!("no answer within {timeout:?}")),
+            (Some(Err(e)), true) => Self::Degraded(e.to_string()),
+        }
+    }
+
+    fn serves(&self) -> bool {
+        *self == Self::Serves
+    }
+
+    fn answers(&self) -> bool {
+        matches!(self, Self::Serves | Self::Degraded(_))
+    }
+
+    /// What is wrong with the endpoint and what the operator should check.
+    fn trouble(&self, timeout: Duration) -> String {
+        match self {
+            Self::Serves => "serves".into(),
+            Self::Refused => format!(
+                "refuses connections (or accepts none within {timeout:?}): check that etcd runs there and is reachable"
+            ),
+            Self::Silent => format!(
+                "accepts connections but answers nothing within {timeout:?}: check whether that etcd process is stopped or hung"
+            ),
+            Self::Degraded(why) => format!(
+                "answers but serves no linearizable read ({why}): check that member's log, its disk and its connection to its peers (no leader, no quorum, stalled)"
+            ),
+        }
+    }
+}
+
+/// Which endpoints belong in rotation: those that serve; when none does, those that
+/// answer; when none answers, every one.
+fn rotation(probes: &[Probe]) -> Vec<bool> {
+    let keep: fn(&Probe) -> bool = if probes.iter().any(Probe::serves) {
+        Probe::serves
+    } else if probes.iter().any(Probe::answers) {
+        Probe::answers
+    } else {
+        |_| true
+    };
+    probes.iter().map(keep).collect()
+}
+
+/// One endpoint and the client that probes it alone (`None`: TCP connect only).
+struct Target {
+    endpoint: String,
+    client: Option<Client>,
+}
+
+/// Probes `endpoint` once: TCP connect, then a linearizable count-only read of `key`
+/// and a `Status` call, all within `timeout`.
+async fn probe_endpoint(
+    endpoint: String,
+    client: Option<Client>,
+    key: String,
+    timeout: Duration,
+) -> Probe {
+    let t0 = Instant::now();
+    if !accepts(&endpoint, timeout).await {
+        return Probe::Refused;
+    }
+    let Some(mut client) = client else {
+        return Probe::Serves;
+    };
+    let mut status_client = client.clone();
+    let left = timeout.saturating_sub(t0.elapsed());
+    let (read, status) = tokio::join!(
+        tokio::time::timeout(
+            left,
+            client.get(key, Some(GetOptions::new().with_count_only()))
+        ),
+        tokio::time::timeout(left, status_client.status()),
+    );
+    Probe::of(
+        read.ok().map(|r| r.map(drop)),
+        status.is_ok_and(|s| s.is_ok()),
+        timeout,
+    )
+}
+
+/// The probing task's state.
+struct Rotation {
+    in_rotation: Vec<bool>,
+    /// No endpoint served at the last probe (warned about once per spell).
+    none_serves: bool,
+}
+
 impl EndpointHealth {
-    /// Probes once (so the first request already avoids a dead member), then keeps
-    /// probing in a task.
-    async fn start(client: Client, endpoints: &[String], timeout: Duration) -> Self {
-        let endpoints = endpoints.to_vec();
-        let mut in_rotation = vec![true; endpoints.len()];
-        Self::probe(&client, &endpoints, &mut in_rotation, timeout).await;
+    /// Probes once (so the first request already avoids a dead or hung member), then
+    /// keeps probing in a task. `key` is the key the probes read; `removals` counts
+    /// the endpoints taken out of rotation.
+    async fn start(
+        client: Client,
+        endpoints: &[String],
+        key: &str,
+        opts: &StoreOptions,
+        removals: Arc<tokio::sync::watch::Sender<u64>>,
+    ) -> Self {
+        let timeout = opts.connect_timeout.min(opts.health_timeout);
+        // No request timeout of its own: the probe's `timeout` bounds each call. No
+        // `require_leader`: it would make `Status` fail without a leader too.
+        let popts = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+        let mut targets = Vec::with_capacity(endpoints.len());
+        for ep in endpoints {
+            // Lazy: nothing is sent before the first probe.
+            let client = match Client::connect([ep], Some(popts.clone())).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(step = "etcd_endpoint", endpoint = %ep, error = %e, "cannot build a probe client for etcd endpoint {ep}: probing it by TCP connect only (a hung member there stays in rotation)");
+                    None
+                }
+            };
+            targets.push(Target {
+                endpoint: ep.clone(),
+                client,
+            });
+        }
+        let key = key.to_owned();
+        let mut state = Rotation {
+            in_rotation: vec![true; endpoints.len()],
+            none_serves: false,
+        };
+        Self::probe(&client, &targets, &key, &mut state, timeout, &removals).await;
         let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(HEALTH_PERIOD).await;
-                Self::probe(&client, &endpoints, &mut in_rotation, timeout).await;
+                Self::probe(&client, &targets, &key, &mut state, timeout, &removals).await;
             }
         });
         Self { task }
     }
 
-    async fn probe(client: &Client, endpoints: &[String], in_rotation: &mut [bool], t: Duration) {
-        let mut alive = Vec::with_capacity(endpoints.len());
-        for ep in endpoints {
-            alive.push(accepts(ep, t).await);
+    async fn probe(
+        client: &Client,
+        targets: &[Target],
+        key: &str,
+        state: &mut Rotation,
+        timeout: Duration,
+        removals: &tokio::sync::watch::Sender<u64>,
+    ) {
+        // Concurrently: a hung endpoint costs one timeout per round, not one each.
+        let mut set = tokio::task::JoinSet::new();
+        for (i, t) in targets.iter().enumerate() {
+            let probe = probe_endpoint(
+                t.endpoint.clone(),
+                t.client.clone(),
+                key.to_owned(),
+                timeout,
+            );
+            set.spawn(async move { (i, probe.await) });
         }
-        if !alive.contains(&true) {
-            alive.iter_mut().for_each(|a| *a = true);
+        let mut probes = vec![Probe::Silent; targets.len()];
+        while let Some(r) = set.join_next().await {
+            if let Ok((i, p)) = r {
+                probes[i] = p;
+            }
         }
-        for (i, ep) in endpoints.iter().enumerate() {
-            if alive[i] == in_rotation[i] {
+        let want = rotation(&probes);
+        let none_serves = !probes.iter().any(Probe::serves);
+        if none_serves && !state.none_serves {
+            let seen: Vec<String> = targets
+                .iter()
+                .zip(&probes)
+                .map(|(t, p)| format!("{}: {p:?}", t.endpoint))
+                .collect();
+            tracing::warn!(
+                step = "etcd_endpoint",
+                "no etcd endpoint serves linearizable reads ({}): keeping those that answer in rotation (all, if none does); check the etcd cluster's leader, quorum and network",
+                seen.join(", ")
+            );
+        }
+        state.none_serves = none_serves;
+        for (i, t) in targets.iter().enumerate() {
+            if want[i] == state.in_rotation[i] {
                 continue;
             }
-            let r = if alive[i] {
+            let ep = &t.endpoint;
+            let r = if want[i] {
                 client.add_endpoint(ep).await
             } else {
                 client.remove_endpoint(ep).await
             };
             match r {
                 Ok(()) => {
-                    in_rotation[i] = alive[i];
-                    if alive[i] {
+                    state.in_rotation[i] = want[i];
+                    if !want[i] {
+                        removals.send_modify(|n| *n += 1);
+                        let trouble = probes[i].trouble(timeout);
+                        tracing::warn!(step = "etcd_endpoint", endpoint = %ep, "etcd endpoint {ep} {trouble}: out of rotation until it serves again");
+                    } else if probes[i].answers() {
                         tracing::info!(step = "etcd_endpoint", endpoint = %ep, "etcd endpoint {ep} answers again: back in rotation");
-                    } else {
-                        tracing::warn!(step = "etcd_endpoint", endpoint = %ep, "etcd endpoint {ep} refuses connections: out of rotation until it answers");
                     }
                 }
                 Err(e) => {
@@ -442,10 +646,13 @@ impl StoreOptions {
     /// is not torn down. With a fixed 2 s, a 9 s lease behind a link of 1.1 s each way
     /// kept losing its connection: watches restarted, requests in flight failed, and
     /// the agent self-fenced with its lease alive in etcd (`tests/etcd_faults.rs`).
+    /// The health probe's timeout is TTL/4 (at most the default 1 s, at least 250 ms),
+    /// so a hung member is out of rotation well within a TTL.
     pub fn for_lease_ttl(ttl: Duration) -> Self {
         let d = Self::default();
         Self {
             keepalive_timeout: d.keepalive_timeout.max(ttl / 2),
+            health_timeout: (ttl / 4).clamp(Duration::from_millis(250), d.health_timeout),
             ..d
         }
     }
@@ -473,19 +680,29 @@ impl EtcdStore {
         let client = Client::connect(endpoints, Some(copts))
             .await
             .map_err(|e| StoreError::classify("connect", e))?;
+        let keys = Keys::new(root);
+        let removals = Arc::new(tokio::sync::watch::Sender::new(0));
         let health = match endpoints.len() {
             0 | 1 => None,
             _ => Some(Arc::new(
-                EndpointHealth::start(client.clone(), endpoints, opts.connect_timeout).await,
+                EndpointHealth::start(
+                    client.clone(),
+                    endpoints,
+                    keys.root(),
+                    opts,
+                    removals.clone(),
+                )
+                .await,
             )),
         };
         let store = Self {
             client,
-            keys: Keys::new(root),
+            keys,
             round_trips: Arc::new(AtomicU64::new(0)),
             claim_ttl,
             first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
+            removals,
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
@@ -505,6 +722,13 @@ impl EtcdStore {
     /// The key layout.
     pub fn keys(&self) -> &Keys {
         &self.keys
+    }
+
+    /// Changes each time an endpoint is taken out of rotation. A stream opened
+    /// earlier (a lease keepalive, a watch) may sit on that endpoint and wait for an
+    /// answer that never comes: reopen it, and it lands on a member that serves.
+    pub fn endpoint_removals(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.removals.subscribe()
     }
 
     /// The etcd client (cheap clone).
@@ -1306,6 +1530,55 @@ mod tests {
             "etcd-1.internal:2379"
         );
         assert_eq!(authority("10.0.0.1:2379"), "10.0.0.1:2379");
+    }
+
+    #[test]
+    fn probe_verdicts_and_rotation() {
+        use tonic::Code;
+        let t = Duration::from_millis(500);
+        assert_eq!(Probe::of(Some(Ok(())), true, t), Probe::Serves);
+        assert_eq!(Probe::of(Some(Ok(())), false, t), Probe::Serves);
+        assert_eq!(Probe::of(None, false, t), Probe::Silent);
+        let no_leader = || Some(Err(status(Code::Unavailable, "etcdserver: no leader")));
+        assert_eq!(Probe::of(no_leader(), false, t), Probe::Silent);
+        let degraded = Probe::of(no_leader(), true, t);
+        assert!(
+            matches!(&degraded, Probe::Degraded(m) if m.contains("no leader")),
+            "{degraded:?}"
+        );
+        let electing = Probe::of(None, true, t);
+        assert_eq!(electing, Probe::Degraded("no answer within 500ms".into()));
+        // Operators' greps and `etcd_faults.rs` look for "refuses connections".
+        assert!(Probe::Refused.trouble(t).starts_with("refuses connections"));
+        assert!(Probe::Silent.trouble(t).contains("stopped or hung"));
+        assert!(degraded.trouble(t).contains("no leader"));
+
+        use Probe::{Refused, Serves, Silent};
+        assert_eq!(rotation(&[Serves, Silent, Serves]), [true, false, true]);
+        assert_eq!(
+            rotation(&[Refused, Serves, degraded.clone()]),
+            [false, true, false]
+        );
+        // An election: the healthy members answer Status, the hung one nothing.
+        assert_eq!(
+            rotation(&[electing.clone(), Silent, degraded]),
+            [true, false, true]
+        );
+        // Nothing answers (lost quorum and worse): all stay, requests fail fast.
+        assert_eq!(rotation(&[Refused, Silent, Silent]), [true, true, true]);
+        assert_eq!(rotation(&[]), Vec::<bool>::new());
+    }
+
+    #[test]
+    fn health_timeout_scales_with_the_lease() {
+        let h = |s| StoreOptions::for_lease_ttl(Duration::from_secs(s)).health_timeout;
+        assert_eq!(h(2), Duration::from_millis(500));
+        assert_eq!(h(5), Duration::from_secs(1));
+        assert_eq!(h(1), Duration::from_millis(250));
+        assert_eq!(
+            StoreOptions::default().health_timeout,
+            Duration::from_secs(1)
+        );
     }
 
     #[test]
