@@ -195,6 +195,12 @@ impl Drop for Agent {
 /// what is left. A slow answer (a loaded etcd, a starved guest) is still a renewal: it
 /// is awaited for up to a TTL instead of being dropped as a failure. When the stream
 /// breaks, etcd is asked for the lease's remaining TTL, which dates its last renewal.
+///
+/// When the store takes an etcd endpoint out of rotation (it stopped serving: hung,
+/// stalled, cut off), the stream is reopened at once (opening it renews the lease): the
+/// old stream may sit on that member, and waiting a TTL for its answer let a 2 s lease
+/// expire. Reopening and the TTL question are bounded by TTL/2, as either may wait on a
+/// member that never answers (`tests/hung_member.rs`).
 fn spawn_keepalive(
     store: EtcdStore,
     node: NodeId,
@@ -209,8 +215,14 @@ fn spawn_keepalive(
         i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
     ));
     let task = tokio::spawn(async move {
+        let mut removals = store.endpoint_removals();
         let mut stream = store.keep_alive(lease).await.ok();
-        let mut tick = tokio::time::interval((ttl / 3).max(Duration::from_millis(200)));
+        let renew_every = (ttl / 3).max(Duration::from_millis(200));
+        // Reopening a stream (and asking for the lease's TTL) may wait on a member that
+        // stopped answering: bounded, so the next attempt lands elsewhere.
+        let open_within = ttl / 2;
+        let full_ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
+        let mut tick = tokio::time::interval(renew_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // The newest renewal published: an older one is never published after it.
         let mut last = Instant::now();
@@ -229,9 +241,22 @@ fn spawn_keepalive(
             let sent = Instant::now();
             let renewed = match &mut stream {
                 Some((keeper, msgs)) => match keeper.keep_alive().await {
-                    Ok(()) => match tokio::time::timeout(ttl, msgs.message()).await {
-                        Ok(Ok(Some(resp))) => Some(resp.ttl()),
-                        _ => None,
+                    Ok(()) => tokio::select! {
+                        r = tokio::time::timeout(ttl, msgs.message()) => match r {
+                            Ok(Ok(Some(resp))) => Some(resp.ttl()),
+                            _ => None,
+                        },
+                        Ok(()) = removals.changed() => {
+                            tracing::info!(node = %node, "an etcd endpoint was taken out of rotation: reopening the lease keepalive stream");
+                            let opened = Instant::now();
+                            stream = open_keepalive(&store, lease, open_within).await;
+                            if stream.is_some() {
+                                publish(opened, full_ttl);
+                            } else {
+                                tick.reset_immediately();
+                            }
+                            continue;
+                        }
                     },
                     Err(_) => None,
                 },
@@ -244,7 +269,12 @@ fn spawn_keepalive(
                     }
                     publish(sent, left);
                     if left > 0 {
-                        let _ = store.put_liveness(&node, unix_ms()).await;
+                        // Best effort, and bounded: a put balanced onto a member that
+                        // stopped answering would hold the next renewal for the whole
+                        // request timeout (5 s), past a short lease's expiry.
+                        let _ =
+                            tokio::time::timeout(renew_every, store.put_liveness(&node, unix_ms()))
+                                .await;
                     }
                 }
                 None => {
@@ -255,9 +285,15 @@ fn spawn_keepalive(
                     // The stream broke or stalled (etcd unreachable or slow): reopen it,
                     // and ask etcd directly how long the lease has left (etcd-client
                     // reports an expired lease on the stream only as a string).
-                    stream = store.keep_alive(lease).await.ok();
+                    let opened = Instant::now();
+                    stream = open_keepalive(&store, lease, open_within).await;
+                    if stream.is_some() {
+                        publish(opened, full_ttl);
+                    }
                     let asked = Instant::now();
-                    if let Ok(left) = store.lease_ttl(lease).await {
+                    if let Ok(Ok(left)) =
+                        tokio::time::timeout(open_within, store.lease_ttl(lease)).await
+                    {
                         // `left` whole seconds remained when etcd answered (at or after
                         // `asked`): the lease was renewed no earlier than
                         // asked - (ttl - left) - 1 s.
@@ -275,6 +311,21 @@ fn spawn_keepalive(
         }
     });
     (task, rx)
+}
+
+/// Opens a lease keepalive stream. etcd-client sends a first renewal and waits for its
+/// answer, which a member that stopped answering never gives (and a follower whose
+/// leader hangs forwards it there): bounded by `within`. `Some`: the lease was renewed
+/// at or after the call.
+async fn open_keepalive(
+    store: &EtcdStore,
+    lease: i64,
+    within: Duration,
+) -> Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> {
+    tokio::time::timeout(within, store.keep_alive(lease))
+        .await
+        .ok()
+        .and_then(Result::ok)
 }
 
 impl std::fmt::Debug for Agent {
