@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use fenced::agent::{Agent, AgentConfig};
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::Fencer;
-use fenced::store::EtcdStore;
+use fenced::store::{EtcdStore, StoreOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 
@@ -413,16 +413,16 @@ impl Fleet {
         }
     }
 
-    /// A store on the fleet's endpoints.
+    /// A store on the fleet's endpoints, with the options `fenced run` uses for the
+    /// fleet's lease TTL.
     pub async fn store(&self) -> EtcdStore {
-        EtcdStore::connect(&self.endpoints, &self.root, FLEET_CLAIM_TTL)
-            .await
-            .expect("connect to the test etcd")
+        self.store_on(&self.endpoints).await
     }
 
     /// A store on other endpoints (e.g. etcd directly, around a proxy), same root.
     pub async fn store_on(&self, endpoints: &[String]) -> EtcdStore {
-        EtcdStore::connect(endpoints, &self.root, FLEET_CLAIM_TTL)
+        let opts = StoreOptions::for_lease_ttl(TTL);
+        EtcdStore::connect_with(endpoints, &self.root, FLEET_CLAIM_TTL, &opts)
             .await
             .expect("connect to the test etcd")
     }

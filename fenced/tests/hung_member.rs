@@ -1,0 +1,434 @@
+//! An etcd member that accepts TCP connections but does not answer: the process is
+//! stopped (`SIGSTOP`: a hung etcd, a stalled disk), so the kernel still completes
+//! connections on its client port and nothing is ever answered on them. Requests and
+//! lease keepalives the client balances onto it hang until a timeout. The daemons must
+//! take it out of rotation: no healthy agent self-fences, a death during the hang is
+//! fenced once and promptly, and the store logs which endpoint it stopped using.
+//!
+//! Before the store probed members with a linearizable read (it only tried a TCP
+//! connect, which a stopped process still accepts), every healthy agent self-fenced in
+//! both in-process scenarios and deaths took 7-24 s to fence.
+//!
+//! Each test prints its measurements (`eprintln!`, shown with `--nocapture`).
+
+mod common;
+
+use std::io::Write;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::cluster::{EtcdCluster, Fleet};
+use common::*;
+use fenced::store::EtcdStore;
+
+/// The tests of this file run one at a time (timing is their subject; see
+/// `etcd_faults.rs`).
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Everything the in-process daemons log (all tests of this binary; each test reads
+/// from the offset it started at).
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct LogWriter;
+
+impl Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Installs the capturing subscriber (before `Fleet::new`, whose own is then ignored)
+/// and returns the log offset of this test's start.
+fn capture_log() -> usize {
+    // The store's "back in rotation" line is at info.
+    let filter = std::env::var("FENCED_TEST_LOG").unwrap_or_else(|_| "warn".into());
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(format!(
+            "{filter},fenced::store=info"
+        )))
+        .with_ansi(false)
+        .with_writer(|| LogWriter)
+        .try_init();
+    LOG.lock().unwrap().len()
+}
+
+fn log_since(offset: usize) -> String {
+    String::from_utf8_lossy(&LOG.lock().unwrap()[offset..]).into_owned()
+}
+
+/// A member stopped with SIGSTOP, continued (SIGCONT) when dropped, so a failing
+/// test never leaves a stopped etcd behind. Only PIDs the harness started are signalled.
+struct Stopped(i32);
+
+impl Stopped {
+    fn new(pid: u32) -> Self {
+        let pid = i32::try_from(pid).expect("pid");
+        // SAFETY: kill(2) with a PID of a child the harness spawned and still owns.
+        let r = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(r, 0, "SIGSTOP {pid}: {}", std::io::Error::last_os_error());
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above; the child has not been reaped (the cluster owns it).
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
+/// Reads through `store` every 100 ms and records each read's latency and result: what
+/// a client of the daemon's store sees while a member hangs.
+fn spawn_reader(store: EtcdStore) -> tokio::task::JoinHandle<Vec<(Duration, bool)>> {
+    tokio::spawn(async move {
+        let mut out = Vec::new();
+        loop {
+            let t = Instant::now();
+            let ok = store.generation(&node("d1")).await.is_ok();
+            out.push((t.elapsed(), ok));
+            if out.len() >= 120 {
+                return out;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+}
+
+/// Watches the captured log from `offset` for a line naming `endpoint` and containing
+/// `what`; returns how long after `from` it appeared (`None` within 15 s).
+fn spawn_log_watch(
+    offset: usize,
+    endpoint: String,
+    what: &'static str,
+    from: Instant,
+) -> tokio::task::JoinHandle<Option<Duration>> {
+    tokio::spawn(async move {
+        while from.elapsed() < Duration::from_secs(15) {
+            if log_since(offset)
+                .lines()
+                .any(|l| l.contains(&endpoint) && l.contains(what))
+            {
+                return Some(from.elapsed());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    })
+}
+
+/// Polls `n`'s generation (errors retried) and returns the time from `at` to the
+/// first read of generation 1; panics on a second bump or after `timeout`.
+async fn time_to_fence(store: &EtcdStore, n: &str, at: Instant, timeout: Duration) -> Duration {
+    loop {
+        if let Ok((g, _)) = store.generation(&node(n)).await {
+            assert!(g <= 1, "{n} bumped to {g}: more than once");
+            if g == 1 {
+                return at.elapsed();
+            }
+        }
+        assert!(at.elapsed() < timeout, "{n} not fenced within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// A healthy kill -> bump takes about TTL plus the watch or sweep (~0.5 s); this bound
+/// (2 x TTL + 1 s) leaves room for a loaded machine. Before the fix, a death during a
+/// hang waited for request timeouts (5 s) on top.
+const FENCE_BOUND: Duration = Duration::from_secs(5);
+
+/// With the leader hung, leases expire only once a new one is elected (~1.5 s; a
+/// SIGKILLed leader delays fences as much, `etcd_faults.rs`).
+const FENCE_BOUND_LEADER: Duration = Duration::from_secs(6);
+
+/// How long after the hang the store must have taken the member out of rotation
+/// (probe period 500 ms + probe timeout TTL/4 = 500 ms + scheduling slack).
+const OUT_OF_ROTATION_BOUND: Duration = Duration::from_secs(2);
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Which {
+    Follower,
+    Leader,
+}
+
+/// Three daemons and two victims on a 3-member cluster; one member (a follower or the
+/// leader) is stopped; v1 dies 300 ms into the hang, v2 3 s into it; the hang lasts
+/// 3 x TTL + 2 s.
+async fn hung_member_scenario(which: Which) {
+    let _serial = SERIAL.lock().await;
+    let log0 = capture_log();
+    let t_test = Instant::now();
+    let etcd = EtcdCluster::new(3).start();
+    let fleet = Fleet::new(etcd.endpoints());
+    let store = fleet.store().await;
+    let mut daemons = Vec::new();
+    for n in ["d1", "d2", "d3"] {
+        daemons.push(fleet.daemon(n).await);
+    }
+    let v1 = fleet.agent("v1").await;
+    let v2 = fleet.agent("v2").await;
+    let leader = etcd.leader(Duration::from_secs(5)).await;
+    let hung = match which {
+        Which::Leader => leader,
+        Which::Follower => (0..etcd.len()).find(|&i| i != leader).unwrap(),
+    };
+    let hung_ep = etcd.endpoint(hung);
+    let bound = match which {
+        Which::Leader => FENCE_BOUND_LEADER,
+        Which::Follower => FENCE_BOUND,
+    };
+    // Let every daemon's connections spread over the members (requests, watches,
+    // keepalive streams), so some of them sit on the member about to hang.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let reader = spawn_reader(fleet.store().await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let t_hang = Instant::now();
+    let stopped = Stopped::new(etcd.pid(hung).expect("member runs"));
+    let out_watch = spawn_log_watch(log0, hung_ep.clone(), "out of rotation", t_hang);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t1 = Instant::now();
+    v1.kill();
+    let fenced1 = time_to_fence(&store, "v1", t1, Duration::from_secs(25)).await;
+    tokio::time::sleep(Duration::from_secs(3).saturating_sub(t_hang.elapsed())).await;
+    let t2 = Instant::now();
+    v2.kill();
+    let fenced2 = time_to_fence(&store, "v2", t2, Duration::from_secs(25)).await;
+    let new_leader = if which == Which::Leader {
+        let others: Vec<usize> = (0..etcd.len()).filter(|&i| i != hung).collect();
+        Some(others.into_iter().find(|&i| etcd.healthy(i)))
+    } else {
+        None
+    };
+    // Stay hung past 3 x TTL (and past the agents' 2 x TTL self-fence margin).
+    tokio::time::sleep((3 * TTL + Duration::from_secs(2)).saturating_sub(t_hang.elapsed())).await;
+    let hang_lasted = t_hang.elapsed();
+    let agents_alive: Vec<bool> = daemons
+        .iter()
+        .map(|d| !d.agent.task.is_finished())
+        .collect();
+    let log_hung = log_since(log0);
+    let out_line = log_hung
+        .lines()
+        .find(|l| l.contains(&hung_ep) && l.contains("out of rotation"))
+        .map(str::to_owned);
+
+    let out_after = out_watch.await.unwrap();
+    drop(stopped); // SIGCONT
+    let back_after = spawn_log_watch(log0, hung_ep.clone(), "back in rotation", Instant::now())
+        .await
+        .unwrap();
+    let reads = reader.await.unwrap();
+    let slow_reads: Vec<u128> = reads
+        .iter()
+        .filter(|(d, _)| *d > Duration::from_millis(500))
+        .map(|(d, _)| d.as_millis())
+        .collect();
+    let failed_reads = reads.iter().filter(|(_, ok)| !ok).count();
+    let ctl_failed: Vec<u64> = daemons
+        .iter()
+        .map(|d| d.controller.stats().failed.load(Ordering::Relaxed))
+        .collect();
+    let ctl_fenced: Vec<u64> = daemons
+        .iter()
+        .map(|d| d.controller.stats().fenced.load(Ordering::Relaxed))
+        .collect();
+    let spurious: Vec<&str> = daemons
+        .iter()
+        .zip(&agents_alive)
+        .filter(|(_, alive)| !**alive)
+        .map(|(d, _)| d.agent.node.as_str())
+        .collect();
+
+    eprintln!(
+        "3-member etcd, {which:?} m{} SIGSTOPped for {:.1} s (TTL {TTL:?}, sweep 500 ms){}",
+        hung + 1,
+        hang_lasted.as_secs_f32(),
+        match new_leader {
+            Some(Some(l)) => format!("; m{} healthy (leader elected) after the fences", l + 1),
+            Some(None) => "; no other member healthy after the fences".into(),
+            None => String::new(),
+        }
+    );
+    eprintln!(
+        "  kill->bump: v1 (killed 300 ms into the hang) {} ms, v2 (3 s into it) {} ms; bound {} ms",
+        fenced1.as_millis(),
+        fenced2.as_millis(),
+        bound.as_millis()
+    );
+    eprintln!(
+        "  reads every 100 ms through a store: {} of {} over 500 ms {slow_reads:?}, {failed_reads} failed",
+        slow_reads.len(),
+        reads.len()
+    );
+    eprintln!("  healthy agents self-fenced during the hang: {spurious:?}");
+    eprintln!("  controllers fenced {ctl_fenced:?}, failed attempts {ctl_failed:?}");
+    eprintln!(
+        "  out of rotation {out_after:?} after SIGSTOP (bound {OUT_OF_ROTATION_BOUND:?}); store log: {}",
+        out_line.as_deref().unwrap_or("(no out-of-rotation line)")
+    );
+    eprintln!("  back in rotation {back_after:?} after SIGCONT");
+    eprintln!("  test took {:.1} s", t_test.elapsed().as_secs_f32());
+    let log_file = std::env::temp_dir().join(format!("hung_member_{which:?}.log"));
+    if std::fs::write(&log_file, log_since(log0)).is_ok() {
+        eprintln!("  daemons' log: {}", log_file.display());
+    }
+
+    assert!(
+        spurious.is_empty(),
+        "healthy agents self-fenced: {spurious:?}"
+    );
+    for v in ["v1", "v2"] {
+        assert_eq!(generation(&store, v).await, 1, "{v}: one bump");
+        let audits = fences_of(&store, v).await;
+        assert_eq!(audits.len(), 1, "{v}: one completed fence: {audits:?}");
+        assert_eq!(audits[0]["fencer_result"], "confirmed", "{v}");
+    }
+    for d in &daemons {
+        assert_eq!(generation(&store, d.agent.node.as_str()).await, 0);
+        assert!(device::can_write(&fleet.host(d.agent.node.as_str())));
+    }
+    assert!(
+        fenced1 <= bound && fenced2 <= bound,
+        "fenced in {fenced1:?} / {fenced2:?}, bound {bound:?}"
+    );
+    assert!(
+        slow_reads.len() <= 2,
+        "reads kept hanging on the stopped member: {slow_reads:?} ms"
+    );
+    let out_line = out_line.unwrap_or_else(|| {
+        panic!("the store did not log {hung_ep} out of rotation; log:\n{log_hung}")
+    });
+    assert!(out_line.contains("etcd_endpoint"), "step field: {out_line}");
+    assert!(
+        out_after.is_some_and(|d| d <= OUT_OF_ROTATION_BOUND),
+        "out of rotation after {out_after:?}, bound {OUT_OF_ROTATION_BOUND:?}"
+    );
+    // The line is logged once per transition, not once per probe.
+    let per_daemon = log_hung
+        .lines()
+        .filter(|l| l.contains(&hung_ep) && l.contains("out of rotation"))
+        .count();
+    // One store per agent, controller and reader (and the test's own).
+    assert!(
+        per_daemon <= 2 * daemons.len() + 2 + 2,
+        "logged {per_daemon} times: once per store and transition expected"
+    );
+    assert!(
+        back_after.is_some(),
+        "{hung_ep} back in rotation after SIGCONT: {}",
+        log_since(log0)
+            .lines()
+            .filter(|l| l.contains("etcd_endpoint"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    for d in daemons {
+        d.kill();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_follower_is_taken_out_of_rotation_and_a_death_is_fenced_once() {
+    hung_member_scenario(Which::Follower).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_leader_is_taken_out_of_rotation_and_a_death_is_fenced_once() {
+    hung_member_scenario(Which::Leader).await;
+}
+
+/// A `fenced run` child process, killed (SIGKILL, by PID) on drop.
+struct Daemon(Child, std::path::PathBuf);
+
+impl Daemon {
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.1).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn fenced_run(endpoints: &str, n: &str, dir: &std::path::Path) -> Daemon {
+    let log = dir.join(format!("{n}.log"));
+    let child = Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args(["run", "--fencer", "none", "--node-id", n, "--root", "/hung"])
+        .args(["--etcd-endpoints", endpoints])
+        .args(["--ttl-secs", "2", "--sweep-secs", "1"])
+        .args(["--instance-id", &format!("i-{n}")])
+        .env("FENCED_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    Daemon(child, log)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fenced_binaries_survive_a_hung_leader_and_fence_a_peer_once() {
+    let _serial = SERIAL.lock().await;
+    capture_log();
+    let etcd = EtcdCluster::new(3).start();
+    let eps = etcd.endpoints().join(",");
+    let dir = tempfile::tempdir().unwrap();
+    let mut n1 = fenced_run(&eps, "n1", dir.path());
+    let mut n2 = fenced_run(&eps, "n2", dir.path());
+    let mut n3 = fenced_run(&eps, "n3", dir.path());
+    let fleet = Fleet {
+        root: "/hung".into(),
+        ..Fleet::new(etcd.endpoints())
+    };
+    let store = fleet.store().await;
+    wait_until("three members", Duration::from_secs(20), || async {
+        store.status().await.is_ok_and(|s| s.members.len() == 3)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = etcd.leader(Duration::from_secs(5)).await;
+    let hung_ep = etcd.endpoint(leader);
+    let t_hang = Instant::now();
+    let stopped = Stopped::new(etcd.pid(leader).expect("leader runs"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    n2.0.kill().unwrap();
+    n2.0.wait().unwrap();
+    let took = time_to_fence(&store, "n2", t, Duration::from_secs(25)).await;
+    tokio::time::sleep((3 * TTL + Duration::from_secs(2)).saturating_sub(t_hang.elapsed())).await;
+    let survivors: Vec<(bool, String)> = [&mut n1, &mut n3]
+        .into_iter()
+        .map(|d| (d.0.try_wait().unwrap().is_none(), d.log()))
+        .collect();
+    drop(stopped);
+    eprintln!(
+        "fenced binaries, 3 members, leader m{} SIGSTOPped for {:.1} s: SIGKILLed n2 fenced in {} ms (TTL 2 s); n1, n3 running: {:?}",
+        leader + 1,
+        t_hang.elapsed().as_secs_f32(),
+        took.as_millis(),
+        survivors.iter().map(|s| s.0).collect::<Vec<_>>()
+    );
+    for (i, (alive, log)) in survivors.iter().enumerate() {
+        assert!(*alive, "survivor {i} exited: {log}");
+        assert!(
+            log.lines()
+                .any(|l| l.contains(&hung_ep) && l.contains("out of rotation")),
+            "survivor {i} took the hung leader out of rotation: {log}"
+        );
+    }
+    assert_eq!(fences_of(&store, "n2").await.len(), 1);
+    assert_eq!(generation(&store, "n1").await, 0);
+    assert_eq!(generation(&store, "n3").await, 0);
+    assert!(
+        took <= FENCE_BOUND_LEADER,
+        "fenced in {took:?}, bound {FENCE_BOUND_LEADER:?}"
+    );
+}
