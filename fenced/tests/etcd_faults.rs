@@ -6,12 +6,12 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::cluster::{DelayProxy, EtcdCluster, Fleet};
+use common::process::FencedRun;
 use common::*;
 use fenced::agent::AgentExit;
 use fenced::core::{Confirmation, Victim};
@@ -253,35 +253,8 @@ async fn leader_then_follower_killed_while_fencing_no_missed_or_double_fence() {
     }
 }
 
-/// A `fenced run` child process, killed (SIGKILL, by PID) on drop.
-struct Daemon(Child, std::path::PathBuf);
-
-impl Daemon {
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.1).unwrap_or_default()
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn fenced_run(endpoints: &str, n: &str, dir: &std::path::Path) -> Daemon {
-    let log = dir.join(format!("{n}.log"));
-    let child = Command::new(env!("CARGO_BIN_EXE_fenced"))
-        .args(["run", "--fencer", "none", "--node-id", n, "--root", "/late"])
-        .args(["--etcd-endpoints", endpoints])
-        .args(["--ttl-secs", "2", "--sweep-secs", "1"])
-        .args(["--instance-id", &format!("i-{n}")])
-        .env("FENCED_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    Daemon(child, log)
+fn fenced_run(endpoints: &str, n: &str, dir: &std::path::Path) -> FencedRun {
+    FencedRun::start(endpoints, "/late", n, dir, &[], &[])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,11 +265,7 @@ async fn daemon_started_before_etcd_waits_then_works() {
     let ep = etcd.endpoint(0);
     let mut n1 = fenced_run(&ep, "n1", dir.path());
     tokio::time::sleep(Duration::from_secs(4)).await;
-    assert!(
-        n1.0.try_wait().unwrap().is_none(),
-        "fenced exited without etcd: {}",
-        n1.log()
-    );
+    assert!(n1.running(), "fenced exited without etcd: {}", n1.log());
     let log = n1.log();
     let waiting: Vec<&str> = log
         .lines()
@@ -335,11 +304,10 @@ async fn daemon_started_before_etcd_waits_then_works() {
     })
     .await;
     let t = Instant::now();
-    n2.0.kill().unwrap();
-    n2.0.wait().unwrap();
+    n2.kill();
     let fenced_in = time_to_fence(&store, &[("n2", t)], Duration::from_secs(20)).await;
     assert_eq!(fences_of(&store, "n2").await.len(), 1);
-    assert!(n1.0.try_wait().unwrap().is_none(), "{}", n1.log());
+    assert!(n1.running(), "{}", n1.log());
     eprintln!(
         "etcd up -> n1 member in {} ms; SIGKILLed n2 fenced in {} ms (TTL 2 s)",
         joined_after.as_millis(),
@@ -367,17 +335,12 @@ async fn fenced_binaries_on_three_members_survive_the_leader_and_fence_a_peer() 
     let leader = etcd.leader(Duration::from_secs(5)).await;
     etcd.kill(leader);
     let t = Instant::now();
-    n2.0.kill().unwrap();
-    n2.0.wait().unwrap();
+    n2.kill();
     let took = time_to_fence(&store, &[("n2", t)], Duration::from_secs(25)).await;
     // Run on past n1's self-fence margin (2 x TTL) with the leader still dead.
     tokio::time::sleep((3 * TTL).saturating_sub(t.elapsed())).await;
     let mut n1 = n1;
-    assert!(
-        n1.0.try_wait().unwrap().is_none(),
-        "n1 exited: {}",
-        n1.log()
-    );
+    assert!(n1.running(), "n1 exited: {}", n1.log());
     assert_eq!(fences_of(&store, "n2").await.len(), 1);
     assert_eq!(generation(&store, "n1").await, 0);
     let log = n1.log();

@@ -19,15 +19,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
+use common::process::FencedRun;
 use common::{fences_of, generation, wait_until};
 use fenced::store::EtcdStore;
 
-/// Lease TTL of every daemon (etcd's effective minimum).
+/// Lease TTL of every daemon (`FencedRun`'s, etcd's effective minimum).
 const TTL_SECS: &str = "2";
 /// Claim TTL of every daemon: a dead controller's claim expires this long after it
 /// was taken.
@@ -36,52 +36,24 @@ const CLAIM_TTL: Duration = Duration::from_secs(3);
 /// The tests start daemons whose timing is the subject: one at a time.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// A `fenced run` child process, SIGKILLed by PID on drop.
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Daemon {
-    fn start(endpoint: &str, root: &str, node: &str, dir: &Path, failpoints: Option<&str>) -> Self {
-        let log = dir.join(format!("{node}.log"));
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_fenced"));
-        cmd.args(["run", "--fencer", "none", "--node-id", node, "--root", root])
-            .args(["--etcd-endpoints", endpoint])
-            .args(["--ttl-secs", TTL_SECS, "--sweep-secs", "1"])
-            .args(["--claim-ttl-secs", &CLAIM_TTL.as_secs().to_string()])
-            .args(["--instance-id", &format!("i-{node}")])
-            .env("FENCED_LOG", "info")
-            .env_remove("FAILPOINTS")
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("daemon log file"));
-        if let Some(f) = failpoints {
-            cmd.env("FAILPOINTS", f);
-        }
-        let child = cmd.spawn().expect("spawn fenced run");
-        Self { child, log }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    fn running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// SIGKILL: the process ends mid-step, with no chance to clean up.
-    fn kill(&mut self) {
-        self.child.kill().expect("SIGKILL the daemon");
-        self.child.wait().expect("reap the daemon");
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// `fenced run` for `node` under `root`, with the test's claim TTL and `failpoints`.
+fn daemon(
+    endpoint: &str,
+    root: &str,
+    node: &str,
+    dir: &Path,
+    failpoints: Option<&str>,
+) -> FencedRun {
+    let claim_ttl = CLAIM_TTL.as_secs().to_string();
+    let env: Vec<(&str, &str)> = failpoints.map(|f| ("FAILPOINTS", f)).into_iter().collect();
+    FencedRun::start(
+        endpoint,
+        root,
+        node,
+        dir,
+        &["--claim-ttl-secs", &claim_ttl],
+        &env,
+    )
 }
 
 async fn is_member(store: &EtcdStore, n: &str) -> bool {
@@ -104,9 +76,9 @@ async fn controller_process_killed_at(step: &str) {
         .unwrap();
 
     // v is the victim; a is the only controller while v dies, and stops at `step`.
-    let mut v = Daemon::start(&ep, &root, "v", dir.path(), None);
+    let mut v = daemon(&ep, &root, "v", dir.path(), None);
     let failpoints = format!("fence::{step}=return(a/*=crash)");
-    let mut a = Daemon::start(&ep, &root, "a", dir.path(), Some(&failpoints));
+    let mut a = daemon(&ep, &root, "a", dir.path(), Some(&failpoints));
     wait_until("v and a are members", Duration::from_secs(20), || async {
         is_member(&store, "v").await && is_member(&store, "a").await
     })
@@ -151,7 +123,7 @@ async fn controller_process_killed_at(step: &str) {
     // everything it does comes from what etcd holds, not from a live peer.
     let t_kill_a = Instant::now();
     a.kill();
-    let mut b = Daemon::start(&ep, &root, "b", dir.path(), None);
+    let mut b = daemon(&ep, &root, "b", dir.path(), None);
 
     wait_until(
         "b fenced v and a, nothing owed or claimed",

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod device;
 pub mod etcd;
+pub mod process;
 
 use std::future::Future;
 use std::sync::Arc;
