@@ -384,9 +384,7 @@ async fn a_sweep_fence_of_a_node_gone_before_any_controller_saw_it_detaches_its_
     let cluster = common::Cluster::new();
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let i1 = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let (i1, vol) = ebs_peer::attached_volume(&ec2).await;
     let store = cluster.store().await;
     let a1 = ebs_agent(&cluster, "n1", &i1).await;
     a1.kill();
@@ -415,9 +413,7 @@ async fn lease_expiry_ebs_fence_bump() {
     let cluster = common::Cluster::new();
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let i1 = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let (i1, vol) = ebs_peer::attached_volume(&ec2).await;
     let store = cluster.store().await;
     store
         .add_free_arenas(&["arena-0".to_owned(), "arena-1".to_owned()])
@@ -466,9 +462,7 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     let cluster = common::Cluster::new();
     let moto = Moto::start(); // its own: it is stopped
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let i1 = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &i1).await;
+    let (i1, vol) = ebs_peer::attached_volume(&ec2).await;
     let store = cluster.store().await;
     store
         .add_free_arenas(&["arena-0".to_owned()])

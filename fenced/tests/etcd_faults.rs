@@ -285,24 +285,12 @@ async fn daemon_started_before_etcd_waits_then_works() {
         ..Fleet::new(etcd.endpoints())
     };
     let store = fleet.store().await;
-    wait_until("n1 joined", Duration::from_secs(20), || async {
-        store
-            .status()
-            .await
-            .is_ok_and(|s| s.members.iter().any(|(n, _)| n == "n1"))
-    })
-    .await;
+    wait_members(&store, &["n1"]).await;
     let joined_after = t_up.elapsed();
     assert!(n1.log().contains("answers; starting"), "{}", n1.log());
     // It works: a second daemon killed with SIGKILL is fenced by n1.
     let mut n2 = fenced_run(&ep, "n2", dir.path());
-    wait_until("n2 joined", Duration::from_secs(20), || async {
-        store
-            .status()
-            .await
-            .is_ok_and(|s| s.members.iter().any(|(n, _)| n == "n2"))
-    })
-    .await;
+    wait_members(&store, &["n2"]).await;
     let t = Instant::now();
     n2.kill();
     let fenced_in = time_to_fence(&store, &[("n2", t)], Duration::from_secs(20)).await;
@@ -328,10 +316,7 @@ async fn fenced_binaries_on_three_members_survive_the_leader_and_fence_a_peer() 
         ..Fleet::new(etcd.endpoints())
     };
     let store = fleet.store().await;
-    wait_until("both members", Duration::from_secs(20), || async {
-        store.status().await.is_ok_and(|s| s.members.len() == 2)
-    })
-    .await;
+    wait_members(&store, &["n1", "n2"]).await;
     let leader = etcd.leader(Duration::from_secs(5)).await;
     etcd.kill(leader);
     let t = Instant::now();

@@ -399,10 +399,7 @@ async fn fenced_binaries_survive_a_hung_leader_and_fence_a_peer_once() {
         ..Fleet::new(etcd.endpoints())
     };
     let store = fleet.store().await;
-    wait_until("three members", Duration::from_secs(20), || async {
-        store.status().await.is_ok_and(|s| s.members.len() == 3)
-    })
-    .await;
+    wait_members(&store, &["n1", "n2", "n3"]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leader = etcd.leader(Duration::from_secs(5)).await;
     let hung_ep = etcd.endpoint(leader);

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
 use common::process::FencedRun;
-use common::{fences_of, generation, wait_until};
+use common::{fences_of, generation, wait_members, wait_until};
 use fenced::store::EtcdStore;
 
 /// Lease TTL of every daemon (`FencedRun`'s, etcd's effective minimum).
@@ -56,13 +56,6 @@ fn daemon(
     )
 }
 
-async fn is_member(store: &EtcdStore, n: &str) -> bool {
-    store
-        .status()
-        .await
-        .is_ok_and(|s| s.members.iter().any(|(m, _)| m == n))
-}
-
 /// Kills controller `a`'s process while its fence of `v` is parked at `step`, then
 /// checks that daemon `b`, started after the death, finishes everything exactly once.
 async fn controller_process_killed_at(step: &str) {
@@ -79,10 +72,7 @@ async fn controller_process_killed_at(step: &str) {
     let mut v = daemon(&ep, &root, "v", dir.path(), None);
     let failpoints = format!("fence::{step}=return(a/*=crash)");
     let mut a = daemon(&ep, &root, "a", dir.path(), Some(&failpoints));
-    wait_until("v and a are members", Duration::from_secs(20), || async {
-        is_member(&store, "v").await && is_member(&store, "a").await
-    })
-    .await;
+    wait_members(&store, &["v", "a"]).await;
 
     let t_kill_v = Instant::now();
     v.kill();

@@ -201,6 +201,21 @@ where
     }
 }
 
+/// Waits (up to 20 s) until every node of `nodes` is a member (has joined).
+pub async fn wait_members(store: &EtcdStore, nodes: &[&str]) {
+    wait_until(
+        &format!("{nodes:?} joined"),
+        Duration::from_secs(20),
+        || async {
+            store
+                .status()
+                .await
+                .is_ok_and(|s| nodes.iter().all(|n| s.members.iter().any(|(m, _)| m == n)))
+        },
+    )
+    .await;
+}
+
 /// The NVMe fencer of node `n` on `ns` (preempt-and-abort through its host handle).
 pub fn nvme_fencer(ns: &device::Namespace, n: &str) -> Arc<dyn Fencer> {
     Arc::new(NvmeFencer::new(

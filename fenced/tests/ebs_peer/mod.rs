@@ -319,6 +319,14 @@ pub async fn attach(c: &Fixtures, volume: &str, instance: &str) {
     .await;
 }
 
+/// A new instance with a new volume attached to it: `(instance, volume)`.
+pub async fn attached_volume(c: &Fixtures) -> (String, String) {
+    let instance = run_instance(c).await;
+    let volume = create_volume(c).await;
+    attach(c, &volume, &instance).await;
+    (instance, volume)
+}
+
 /// The instances `volume` is attached to, as DescribeVolumes says (not `detached`).
 pub async fn attached_to(c: &Fixtures, volume: &str) -> Vec<String> {
     let xml = c.call("DescribeVolumes", &[("VolumeId.1", volume)]).await;
