@@ -11,7 +11,10 @@ use std::time::{Duration, Instant};
 use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, ReservationType};
 use tokio::sync::Notify;
 
-use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
+use crate::clock::unix_ms;
+use crate::core::{
+    DeviceVerdict, LeaseReading, Watchdog, WatchdogVerdict, check_device, lease_reading,
+};
 use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
@@ -294,16 +297,10 @@ fn spawn_keepalive(
                     if let Ok(Ok(left)) =
                         tokio::time::timeout(open_within, store.lease_ttl(lease)).await
                     {
-                        // `left` whole seconds remained when etcd answered (at or after
-                        // `asked`): the lease was renewed no earlier than
-                        // asked - (ttl - left) - 1 s.
-                        let age = ttl
-                            .saturating_sub(Duration::from_secs(left.max(0).unsigned_abs()))
-                            + Duration::from_secs(1);
-                        if let Some(at) = asked.checked_sub(age) {
-                            publish(at, left);
-                        } else if left <= 0 {
-                            publish(asked, left);
+                        match lease_reading(ttl, left, asked) {
+                            LeaseReading::Expired => publish(asked, 0),
+                            LeaseReading::RenewedNoEarlierThan { at, left } => publish(at, left),
+                            LeaseReading::Unknown => {}
                         }
                     }
                 }
@@ -337,12 +334,6 @@ impl std::fmt::Debug for Agent {
             .field("arenas", &self.arenas)
             .finish_non_exhaustive()
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn dev<T>(step: &'static str, r: nvme_resv::Result<T>) -> Result<T, AgentError> {
@@ -687,9 +678,9 @@ impl Agent {
                 tracing::warn!(step = "depart", node = %node, "departed after self-fencing: marker written, membership deleted");
                 AgentExit::SelfFenced { reason }
             }
-            (Err(why), None) => self.leave_incomplete(why),
+            (Err(why), None) => self.leave_incomplete(why.to_string()),
             (Err(why), Some(reason)) => {
-                let _ = self.leave_incomplete(why);
+                let _ = self.leave_incomplete(why.to_string());
                 AgentExit::SelfFenced { reason }
             }
         }
@@ -702,6 +693,31 @@ impl Agent {
     }
 }
 
+/// Why a leave is incomplete (no departure marker was written, or it may have been).
+#[derive(Debug, thiserror::Error)]
+enum LeaveFailure {
+    /// An etcd step failed for a reason other than an unreachable etcd, or kept
+    /// failing until the leave deadline.
+    #[error("{what} failed after {attempts} attempt(s): {source}")]
+    Store {
+        what: &'static str,
+        attempts: u32,
+        source: StoreError,
+    },
+    /// An arena we owned was taken over (our membership is no longer the owner's).
+    #[error("arena {arena} is not ours any more")]
+    ArenaNotOurs { arena: String },
+    /// The departure transaction was refused: our membership is not live.
+    #[error(
+        "membership no longer live: departure refused{}",
+        if *answer_lost { " (an earlier attempt's answer was lost, so it may have been applied)" } else { "" }
+    )]
+    DepartureRefused {
+        /// An earlier attempt timed out, so it may have been applied.
+        answer_lost: bool,
+    },
+}
+
 /// Runs `op` until it succeeds, fails for a reason other than an unreachable etcd, or
 /// `deadline` passes. `Err` is the reason the leave is incomplete.
 async fn retry_unreachable<T, F, Fut>(
@@ -709,7 +725,7 @@ async fn retry_unreachable<T, F, Fut>(
     what: &'static str,
     deadline: Instant,
     mut op: F,
-) -> Result<T, String>
+) -> Result<T, LeaveFailure>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -725,7 +741,13 @@ where
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
-            Err(e) => return Err(format!("{what} failed after {attempts} attempt(s): {e}")),
+            Err(source) => {
+                return Err(LeaveFailure::Store {
+                    what,
+                    attempts,
+                    source,
+                });
+            }
         }
     }
 }
@@ -739,7 +761,7 @@ async fn leave_steps(
     membership_rev: i64,
     device: Option<(Device, Key)>,
     deadline: Instant,
-) -> Result<(), String> {
+) -> Result<(), LeaveFailure> {
     let owned = retry_unreachable(&node, "reading our arenas", deadline, || {
         store.owned_arenas(&node)
     })
@@ -750,7 +772,9 @@ async fn leave_steps(
         })
         .await?;
         if !returned {
-            return Err(format!("arena {arena} is not ours any more"));
+            return Err(LeaveFailure::ArenaNotOurs {
+                arena: arena.clone(),
+            });
         }
         tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned");
     }
@@ -784,12 +808,11 @@ async fn leave_steps(
         }
     })
     .await?;
-    match (departed, lost_answer.load(Ordering::SeqCst)) {
-        (true, _) => Ok(()),
-        (false, false) => Err("membership no longer live: departure refused".into()),
-        (false, true) => Err(
-            "membership no longer live: departure refused (an earlier attempt's answer was lost, so it may have been applied)"
-                .into(),
-        ),
+    if departed {
+        Ok(())
+    } else {
+        Err(LeaveFailure::DepartureRefused {
+            answer_lost: lost_answer.load(Ordering::SeqCst),
+        })
     }
 }

@@ -4,7 +4,8 @@
 //! `controller.rs`) performs each [`FenceAction`] against etcd or a Fencer and feeds
 //! the outcome back. Which nodes a sweep owes a fence is [`plan_sweep`]; whether a
 //! departure marker is honoured is [`honour_departure`]; the agent's self-fencing
-//! clock is [`Watchdog`]; the agent's device checks are [`check_device`].
+//! clock is [`Watchdog`] (fed by [`lease_reading`]); whether a stalled controller may
+//! still sever is [`check_claim_age`]; the agent's device checks are [`check_device`].
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -155,12 +156,126 @@ pub enum ClaimOutcome {
         /// Its value (the holder's controller id).
         by: String,
     },
-    /// The guard failed: the victim is a member again, departed cleanly, or (sweep)
-    /// the snapshot aged. Nothing was written.
-    NotOwed {
-        /// Why.
-        why: String,
+    /// The guard failed: the victim is a member again, left a departure marker, was
+    /// fenced already, or (sweep) the snapshot aged. Nothing was written.
+    Refused(Refusal),
+}
+
+/// Why the claim transaction's guard failed (nothing was written).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The node holds membership again.
+    Member,
+    /// The node left a departure marker; `arenas` is the number of arenas it still
+    /// owns (`None`: could not be read). Whether it is honoured is
+    /// [`honour_departure`]'s decision.
+    Departed {
+        /// Arenas still owned.
+        arenas: Option<usize>,
     },
+    /// A fence mark was written after the DELETE this attempt acts on: that departure
+    /// is already fenced.
+    AlreadyFenced,
+    /// The sweep's snapshot aged: the fence completed elsewhere or the state changed.
+    SnapshotAged,
+}
+
+/// Why a run changed nothing (the fence is not this run's to do).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SkipReason {
+    /// Another controller holds the claim (its controller id).
+    HeldBy(String),
+    /// The claim's guard refused: nothing is owed (see [`Refusal`]).
+    NotOwed(Refusal),
+}
+
+impl fmt::Display for SkipReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::HeldBy(by) => write!(f, "fence already claimed by {by}"),
+            Self::NotOwed(Refusal::Member) => f.write_str("node is a member again"),
+            Self::NotOwed(Refusal::Departed { .. }) => {
+                f.write_str("departed cleanly, owns no arena")
+            }
+            Self::NotOwed(Refusal::AlreadyFenced) => {
+                f.write_str("already fenced: a fence mark was written after this DELETE")
+            }
+            Self::NotOwed(Refusal::SnapshotAged) => {
+                f.write_str("sweep snapshot aged: fence completed elsewhere or state changed")
+            }
+        }
+    }
+}
+
+/// Why a step of a fence failed. Whatever the variant, the generation is not bumped
+/// by this run and the intent (if recorded) stays: the fence is still owed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FenceFailure {
+    /// An etcd transaction failed (`cause`: the store's error, in words). A timed-out
+    /// transaction may have committed; its claim then expires with its lease.
+    Store {
+        /// The store's error.
+        cause: String,
+    },
+    /// Not severed: the claim was taken `held` ago, more than half its TTL, so it may
+    /// have expired and the victim may have started afresh. Nothing was done to the
+    /// device.
+    ClaimMayHaveExpired {
+        /// Time since the claim transaction started.
+        held: Duration,
+        /// The claim lease's TTL.
+        ttl: Duration,
+    },
+    /// The Fencer did not confirm (`message`: its evidence or error).
+    Fencer {
+        /// What the Fencer said.
+        message: String,
+    },
+    /// An injected fault (fail point) stopped the step or lost its answer.
+    Injected {
+        /// The fail point's description.
+        what: String,
+    },
+    /// Our claim expired before the bump: the finishing transaction wrote nothing.
+    ClaimLost,
+}
+
+impl fmt::Display for FenceFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Store { cause } => f.write_str(cause),
+            Self::ClaimMayHaveExpired { held, ttl } => write!(
+                f,
+                "not severed: claimed {held:?} ago, the claim (TTL {ttl:?}) may have expired"
+            ),
+            Self::Fencer { message } => f.write_str(message),
+            Self::Injected { what } => f.write_str(what),
+            Self::ClaimLost => f.write_str("claim lost before the bump (lease expired)"),
+        }
+    }
+}
+
+/// A failed step and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StepFailure {
+    /// The step that failed.
+    pub step: FenceStep,
+    /// Why.
+    pub failure: FenceFailure,
+}
+
+/// Whether a controller that took its claim `held` ago (claim lease TTL `ttl`) may
+/// still sever. A controller that stalled between its claim and the preempt (CPU
+/// starvation, a paused process) must not preempt any more: once the claim is gone the
+/// victim may have started afresh and joined, and the preempt would sever the new,
+/// healthy incarnation (found by `tests/fault_schedules.rs`: a 3.4 s stall before
+/// `sever` with a 3 s claim TTL). Past half the TTL the fence stays owed.
+pub fn check_claim_age(held: Duration, ttl: Duration) -> Result<(), FenceFailure> {
+    if held > ttl / 2 {
+        Err(FenceFailure::ClaimMayHaveExpired { held, ttl })
+    } else {
+        Ok(())
+    }
 }
 
 /// The outcome of the finishing transaction.
@@ -206,15 +321,15 @@ pub enum FenceState {
     /// Another controller holds the claim or nothing is owed. This run changed nothing.
     Skipped {
         /// Why.
-        why: String,
+        why: SkipReason,
     },
     /// Failed at `step`: the generation is not bumped and the intent stays, so the fence
     /// is still owed and the sweep retries it. The claim is released (or expires).
     Failed {
         /// The step that failed.
         step: FenceStep,
-        /// The error, in words.
-        error: String,
+        /// Why.
+        error: FenceFailure,
     },
     /// The generation CAS failed: another replica bumped it. This run did not bump.
     Superseded {
@@ -236,28 +351,48 @@ impl FenceState {
     }
 }
 
-/// What the driver must do next.
+/// What the driver must do next. Each variant says what is already true when it is
+/// returned.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FenceAction {
-    /// Run the claim transaction ([`FenceStep::claim_txn`]).
+    /// Nothing is written yet: run the claim transaction ([`FenceStep::claim_txn`])
+    /// with the trigger's guard.
     Claim,
-    /// Ask the Fencer to sever and verify.
+    /// The watch-path claim was refused by a departure marker that is not honoured
+    /// (the node still owns arenas, or they could not be read); nothing is written and
+    /// the audit signal is recorded. Run the claim again with the marker ignored (same
+    /// fence-mark guard).
+    ClaimIgnoringDeparture,
+    /// We hold the claim (intent recorded, generation read); the device is untouched.
+    /// Check the claim's age ([`check_claim_age`]), then ask the Fencer to sever and
+    /// verify.
     Sever,
-    /// Run the finishing transaction ([`FenceStep::finish_txn`]) with this audit record.
+    /// The Fencer confirmed; we still hold the claim. Run the finishing transaction
+    /// ([`FenceStep::finish_txn`]) with this audit record.
     Finish {
         /// The generation to CAS from.
         from: u64,
+        /// `mod_revision` of `gen/<node>` read by the claim (the bump's CAS compares it).
+        generation_rev: i64,
+        /// `create_revision` of our claim (the bump is conditioned on it).
+        claim_rev: i64,
         /// Return the victim's arenas to the free pool (only when severed).
         release_arenas: bool,
+        /// The arenas to return when `release_arenas` (read by the claim).
+        arenas: Vec<String>,
         /// The audit record written in the same transaction.
         audit: Box<AuditRecord>,
     },
-    /// Delete our claim without bumping (the fence stays owed), then write `audit`.
+    /// The sever failed and we still hold the claim: delete it without bumping (the
+    /// fence stays owed) and write `audit`. The run is over afterwards, whether the
+    /// delete succeeds or not (the claim expires with its lease).
     Abort {
+        /// `create_revision` of our claim.
+        claim_rev: i64,
         /// The audit record of the failed attempt.
         audit: Box<AuditRecord>,
     },
-    /// Nothing more.
+    /// The run is over ([`FenceRun::state`] is terminal).
     Stop,
 }
 
@@ -308,6 +443,10 @@ pub struct FenceRun {
     claimed_at: Option<Instant>,
     severed_at: Option<Instant>,
     arenas: Vec<String>,
+    /// `(generation_rev, claim_rev)` of the claim this run won.
+    won: Option<(i64, i64)>,
+    /// The claim was already retried with the departure marker ignored.
+    departure_ignored: bool,
     signals: Vec<String>,
     steps: Vec<FenceStep>,
 }
@@ -340,6 +479,8 @@ impl FenceRun {
             claimed_at: None,
             severed_at: None,
             arenas: Vec::new(),
+            won: None,
+            departure_ignored: false,
             signals: vec![signal.to_owned()],
             steps: Vec::new(),
         };
@@ -366,8 +507,17 @@ impl FenceRun {
         self.signals.push(signal.into());
     }
 
+    /// Whether this run won a claim (its pre-granted claim lease was used up).
+    pub fn won_claim(&self) -> bool {
+        self.won.is_some()
+    }
+
     /// The claim transaction returned `outcome` (or failed).
-    pub fn on_claim(&mut self, outcome: Result<ClaimOutcome, String>, now: Instant) -> FenceAction {
+    pub fn on_claim(
+        &mut self,
+        outcome: Result<ClaimOutcome, FenceFailure>,
+        now: Instant,
+    ) -> FenceAction {
         debug_assert_eq!(self.state, FenceState::Owed);
         match outcome {
             Err(error) => {
@@ -382,21 +532,39 @@ impl FenceRun {
             }
             Ok(ClaimOutcome::Held { by }) => {
                 self.state = FenceState::Skipped {
-                    why: format!("fence already claimed by {by}"),
+                    why: SkipReason::HeldBy(by),
                 };
                 FenceAction::Stop
             }
-            Ok(ClaimOutcome::NotOwed { why }) => {
-                self.state = FenceState::Skipped { why };
+            Ok(ClaimOutcome::Refused(Refusal::Departed { arenas }))
+                if self.trigger == Trigger::Watch
+                    && !self.departure_ignored
+                    && !honour_departure(arenas) =>
+            {
+                self.departure_ignored = true;
+                self.signals.push(format!(
+                    "departure marker ignored: arena records show {} owned",
+                    arenas.map_or("unknown".to_owned(), |n| n.to_string())
+                ));
+                FenceAction::ClaimIgnoringDeparture
+            }
+            Ok(ClaimOutcome::Refused(refusal)) => {
+                self.state = FenceState::Skipped {
+                    why: SkipReason::NotOwed(refusal),
+                };
                 FenceAction::Stop
             }
             Ok(ClaimOutcome::Won {
-                generation, arenas, ..
+                generation,
+                generation_rev,
+                claim_rev,
+                arenas,
             }) => {
                 self.steps
                     .extend_from_slice(FenceStep::claim_txn(self.trigger));
                 self.claimed_at = Some(now);
                 self.arenas = arenas;
+                self.won = Some((generation_rev, claim_rev));
                 self.state = FenceState::Claimed { generation };
                 FenceAction::Sever
             }
@@ -406,13 +574,16 @@ impl FenceRun {
     /// The Fencer returned.
     pub fn on_sever(
         &mut self,
-        result: Result<Confirmation, (FenceStep, String)>,
+        result: Result<Confirmation, StepFailure>,
         now: Instant,
         unix_ms: u64,
     ) -> FenceAction {
-        let FenceState::Claimed { generation } = self.state else {
+        let (FenceState::Claimed { generation }, Some((generation_rev, claim_rev))) =
+            (&self.state, self.won)
+        else {
             return FenceAction::Stop;
         };
+        let generation = *generation;
         self.severed_at = Some(now);
         match result {
             Ok(confirmation) => {
@@ -443,11 +614,21 @@ impl FenceRun {
                 };
                 FenceAction::Finish {
                     from: generation,
+                    generation_rev,
+                    claim_rev,
                     release_arenas,
+                    arenas: if release_arenas {
+                        self.arenas.clone()
+                    } else {
+                        Vec::new()
+                    },
                     audit: Box::new(audit),
                 }
             }
-            Err((step, error)) => {
+            Err(StepFailure {
+                step,
+                failure: error,
+            }) => {
                 let mut audit = self.audit(
                     &format!("failed at {step}: {error}"),
                     generation,
@@ -458,6 +639,7 @@ impl FenceRun {
                 audit.steps.push(FenceStep::ReleaseClaim);
                 self.state = FenceState::Failed { step, error };
                 FenceAction::Abort {
+                    claim_rev,
                     audit: Box::new(audit),
                 }
             }
@@ -465,7 +647,7 @@ impl FenceRun {
     }
 
     /// The finishing transaction returned.
-    pub fn on_finish(&mut self, outcome: Result<BumpOutcome, String>) -> FenceAction {
+    pub fn on_finish(&mut self, outcome: Result<BumpOutcome, FenceFailure>) -> FenceAction {
         let FenceState::Severed { generation, .. } = self.state else {
             return FenceAction::Stop;
         };
@@ -476,7 +658,7 @@ impl FenceRun {
             Ok(BumpOutcome::GenerationMoved { now }) => FenceState::Superseded { now },
             Ok(BumpOutcome::ClaimLost) => FenceState::Failed {
                 step: FenceStep::Bump,
-                error: "claim lost before the bump (lease expired)".to_owned(),
+                error: FenceFailure::ClaimLost,
             },
             Err(error) => FenceState::Failed {
                 step: FenceStep::Bump,
@@ -716,6 +898,38 @@ impl Watchdog {
     }
 }
 
+/// What etcd's answer to "how long has this lease left" tells the self-fencing clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseReading {
+    /// etcd said the lease has no time left (`left <= 0`): it is gone, self-fence.
+    Expired,
+    /// The lease was renewed no earlier than `at` and had `left` whole seconds left.
+    RenewedNoEarlierThan {
+        /// The earliest the renewal can have happened.
+        at: Instant,
+        /// Seconds left when etcd answered.
+        left: i64,
+    },
+    /// The renewal time is before anything this process's monotonic clock can name:
+    /// nothing learned.
+    Unknown,
+}
+
+/// Reads etcd's answer `left` (whole seconds remaining of a lease whose TTL is `ttl`),
+/// given at or after `asked`. etcd rounds down to whole seconds, so the lease was
+/// renewed no earlier than `asked - (ttl - left) - 1 s`: the watchdog counts from
+/// there, never from a later instant than the truth.
+pub fn lease_reading(ttl: Duration, left: i64, asked: Instant) -> LeaseReading {
+    if left <= 0 {
+        return LeaseReading::Expired;
+    }
+    let age = ttl.saturating_sub(Duration::from_secs(left.unsigned_abs())) + Duration::from_secs(1);
+    match asked.checked_sub(age) {
+        Some(at) => LeaseReading::RenewedNoEarlierThan { at, left },
+        None => LeaseReading::Unknown,
+    }
+}
+
 /// What the agent's periodic device check concludes from a reservation report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceVerdict {
@@ -783,13 +997,18 @@ mod tests {
         let a = run.on_sever(Ok(confirmed()), t0 + Duration::from_millis(5), 1000);
         let FenceAction::Finish {
             from,
+            generation_rev,
+            claim_rev,
             release_arenas,
+            arenas,
             audit,
         } = a
         else {
             panic!("{a:?}")
         };
         assert_eq!((from, release_arenas), (3, true));
+        assert_eq!((generation_rev, claim_rev), (5, 9));
+        assert_eq!(arenas, vec!["a1".to_owned()]);
         assert_eq!((audit.generation_before, audit.generation_after), (3, 4));
         assert_eq!(audit.arenas_released, vec!["a1".to_owned()]);
         assert_eq!((audit.claim_ms, audit.sever_ms, audit.total_ms), (2, 3, 5));
@@ -830,13 +1049,19 @@ mod tests {
         let (mut run, _) = FenceRun::new(victim(), Trigger::Sweep, "c1", "nvme", t0);
         run.on_claim(Ok(won(7)), t0);
         let a = run.on_sever(
-            Err((FenceStep::Verify, "key still registered".into())),
+            Err(StepFailure {
+                step: FenceStep::Verify,
+                failure: FenceFailure::Fencer {
+                    message: "key still registered".into(),
+                },
+            }),
             t0,
             0,
         );
-        let FenceAction::Abort { audit } = a else {
+        let FenceAction::Abort { claim_rev, audit } = a else {
             panic!("{a:?}")
         };
+        assert_eq!(claim_rev, 9);
         assert_eq!(audit.generation_after, 7);
         assert!(audit.fencer_result.contains("verify"));
         assert!(matches!(
@@ -885,7 +1110,12 @@ mod tests {
         let t0 = Instant::now();
         let (mut run, _) = FenceRun::new(victim(), Trigger::Watch, "c1", "nvme", t0);
         assert_eq!(
-            run.on_claim(Err("unavailable".into()), t0),
+            run.on_claim(
+                Err(FenceFailure::Store {
+                    cause: "unavailable".into()
+                }),
+                t0
+            ),
             FenceAction::Stop
         );
         assert!(matches!(
@@ -895,6 +1125,112 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn lease_reading_never_dates_a_renewal_later_than_it_was() {
+        let ttl = Duration::from_secs(5);
+        let asked = Instant::now() + Duration::from_secs(100);
+        assert_eq!(
+            lease_reading(ttl, 5, asked),
+            LeaseReading::RenewedNoEarlierThan {
+                at: asked - Duration::from_secs(1),
+                left: 5
+            }
+        );
+        assert_eq!(
+            lease_reading(ttl, 2, asked),
+            LeaseReading::RenewedNoEarlierThan {
+                at: asked - Duration::from_secs(4),
+                left: 2
+            }
+        );
+        // More left than the TTL (a lease granted longer): still a second of doubt.
+        assert_eq!(
+            lease_reading(ttl, 9, asked),
+            LeaseReading::RenewedNoEarlierThan {
+                at: asked - Duration::from_secs(1),
+                left: 9
+            }
+        );
+        assert_eq!(lease_reading(ttl, 0, asked), LeaseReading::Expired);
+        assert_eq!(lease_reading(ttl, -1, asked), LeaseReading::Expired);
+        // A renewal older than the monotonic clock's origin cannot be named.
+        let huge = Duration::from_secs(u64::MAX / 4);
+        assert_eq!(lease_reading(huge, 1, asked), LeaseReading::Unknown);
+    }
+
+    #[test]
+    fn lease_reading_feeds_the_watchdog() {
+        let t0 = Instant::now();
+        let ttl = Duration::from_secs(5);
+        let mut w = Watchdog::new(2 * ttl, t0);
+        let asked = t0 + Duration::from_secs(8);
+        let LeaseReading::RenewedNoEarlierThan { at, left } = lease_reading(ttl, 1, asked) else {
+            panic!()
+        };
+        w.on_keepalive(left, at);
+        // Renewed no earlier than 8 - 4 - 1 = 3 s: the margin of 10 s runs out at 13 s.
+        assert!(matches!(
+            w.verdict(t0 + Duration::from_millis(12_900)),
+            WatchdogVerdict::Healthy { .. }
+        ));
+        assert!(matches!(
+            w.verdict(t0 + Duration::from_secs(13)),
+            WatchdogVerdict::SelfFence { .. }
+        ));
+    }
+
+    #[test]
+    fn a_stale_claim_does_not_sever() {
+        let ttl = Duration::from_secs(3);
+        assert_eq!(check_claim_age(Duration::from_millis(1500), ttl), Ok(()));
+        let held = Duration::from_millis(1501);
+        let e = check_claim_age(held, ttl).unwrap_err();
+        assert_eq!(e, FenceFailure::ClaimMayHaveExpired { held, ttl });
+        assert!(e.to_string().starts_with("not severed: claimed 1.501s ago"));
+    }
+
+    #[test]
+    fn an_unhonoured_departure_is_claimed_again_once_on_the_watch_path() {
+        let t0 = Instant::now();
+        let (mut run, _) = FenceRun::new(victim(), Trigger::Watch, "c1", "nvme", t0);
+        let departed = |arenas| Ok(ClaimOutcome::Refused(Refusal::Departed { arenas }));
+        assert_eq!(
+            run.on_claim(departed(Some(2)), t0),
+            FenceAction::ClaimIgnoringDeparture
+        );
+        assert_eq!(run.state(), &FenceState::Owed);
+        // The second claim ignores the marker; were it refused again, the run stops.
+        assert_eq!(run.on_claim(departed(Some(2)), t0), FenceAction::Stop);
+        assert!(matches!(run.state(), FenceState::Skipped { .. }));
+
+        let (mut run, _) = FenceRun::new(victim(), Trigger::Watch, "c1", "nvme", t0);
+        assert_eq!(
+            run.on_claim(departed(None), t0),
+            FenceAction::ClaimIgnoringDeparture
+        );
+        run.on_claim(Ok(won(2)), t0);
+        let FenceAction::Finish { audit, .. } = run.on_sever(Ok(confirmed()), t0, 0) else {
+            panic!()
+        };
+        assert!(
+            audit
+                .signals
+                .contains(&"departure marker ignored: arena records show unknown owned".into())
+        );
+
+        // Honoured: owns nothing.
+        let (mut run, _) = FenceRun::new(victim(), Trigger::Watch, "c1", "nvme", t0);
+        assert_eq!(run.on_claim(departed(Some(0)), t0), FenceAction::Stop);
+        let FenceState::Skipped { why } = run.state() else {
+            panic!()
+        };
+        assert_eq!(why.to_string(), "departed cleanly, owns no arena");
+
+        // Not the watch path: the sweep decided from its own snapshot.
+        let (mut run, _) = FenceRun::new(victim(), Trigger::Sweep, "c1", "nvme", t0);
+        assert_eq!(run.on_claim(departed(Some(2)), t0), FenceAction::Stop);
     }
 
     #[test]

@@ -2,6 +2,9 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
+//! - [`ports`]: the narrow store trait of the controller's fence path, for etcd and
+//!   in memory (unit tests of the controller's logic).
+//! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
 //! - `ebs` (cargo feature `ebs`): the EBS force-detach fencer and fencing levels.
@@ -9,6 +12,7 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod clock;
 pub mod controller;
 pub mod core;
 #[cfg(feature = "ebs")]
@@ -17,6 +21,7 @@ pub mod fencer;
 pub mod guard;
 pub mod keys;
 pub mod node;
+pub mod ports;
 pub mod store;
 
 pub use node::NodeId;
