@@ -584,3 +584,352 @@ impl<S: FenceStore> Controller<S> {
         state
     }
 }
+
+/// The controller's decisions against the in-memory store: logic only (the protocol on
+/// a real etcd is `tests/fencing.rs`, `tests/failpoints.rs`, `tests/fault_schedules.rs`).
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::core::{FenceFailure, SkipReason};
+    use crate::fencer::{BoxFuture, FenceError};
+    use crate::ports::mem::MemStore;
+
+    /// A Fencer answering from a script (confirmed when the script is empty), that
+    /// can run a store action while "severing" (e.g. let the claim expire).
+    #[derive(Default)]
+    struct Scripted {
+        answers: Mutex<VecDeque<Result<(), FenceStep>>>,
+        calls: AtomicU64,
+        during: Option<Box<dyn Fn() + Send + Sync>>,
+    }
+
+    impl std::fmt::Debug for Scripted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Scripted")
+        }
+    }
+
+    impl Scripted {
+        fn failing(step: FenceStep) -> Self {
+            let s = Self::default();
+            s.answers.lock().unwrap().push_back(Err(step));
+            s
+        }
+        fn calls(&self) -> u64 {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Fencer for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn fence<'a>(
+            &'a self,
+            victim: &'a Victim,
+        ) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if let Some(f) = &self.during {
+                f();
+            }
+            let answer = self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()));
+            Box::pin(async move {
+                match answer {
+                    Ok(()) => Ok(Confirmation {
+                        fencer: "scripted".into(),
+                        severed: true,
+                        evidence: format!("{} severed", victim.node),
+                    }),
+                    Err(step) => Err(FenceError::new(step, "key still registered")),
+                }
+            })
+        }
+    }
+
+    fn n(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    fn victim(node: &str) -> Victim {
+        Victim {
+            node: n(node),
+            instance: format!("i-{node}"),
+        }
+    }
+
+    fn controller(store: &MemStore, fencer: &Arc<Scripted>) -> Arc<Controller<MemStore>> {
+        Controller::new(
+            store.clone(),
+            fencer.clone() as Arc<dyn Fencer>,
+            ControllerConfig::new("c1"),
+        )
+    }
+
+    /// `node` joined with arena `a-<node>` and its lease expired: the DELETE's revision.
+    fn dead(store: &MemStore, node: &str) -> i64 {
+        store.join(&n(node), &format!("i-{node}"));
+        store.give_arena(&n(node), &format!("a-{node}"));
+        store.expire(&n(node))
+    }
+
+    #[tokio::test]
+    async fn a_watched_death_is_fenced_once_and_its_arenas_freed() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let guard = ClaimGuard::Watch { deleted_rev };
+        let state = c.fence(victim("n1"), Trigger::Watch, guard).await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        assert_eq!(store.generation(&n("n1")), 1);
+        assert!(!store.owed(&n("n1")) && !store.claimed(&n("n1")));
+        assert!(store.state().free.contains("a-n1"));
+        // The same DELETE delivered again (a second controller, a replay): not owed.
+        let again = c.fence(victim("n1"), Trigger::Watch, guard).await;
+        assert_eq!(
+            again,
+            FenceState::Skipped {
+                why: SkipReason::NotOwed(crate::core::Refusal::AlreadyFenced)
+            }
+        );
+        assert_eq!((fencer.calls(), store.generation(&n("n1"))), (1, 1));
+        assert_eq!(c.stats().fenced.load(Ordering::SeqCst), 1);
+        assert_eq!(c.stats().skipped.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_departure_refused_for_owned_arenas_is_claimed_again_and_fenced() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        store.join(&n("n1"), "i-n1");
+        store.give_arena(&n("n1"), "a1");
+        let deleted_rev = store.depart(&n("n1"));
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        assert_eq!(fencer.calls(), 1);
+        let audit = store.state().audit.last().cloned().unwrap();
+        assert!(
+            audit
+                .3
+                .contains("departure marker ignored: arena records show 1 owned"),
+            "{audit:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_clean_departure_owning_nothing_is_not_fenced() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        store.join(&n("n1"), "i-n1");
+        let deleted_rev = store.depart(&n("n1"));
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        let FenceState::Skipped { why } = state else {
+            panic!("{state:?}")
+        };
+        assert_eq!(why.to_string(), "departed cleanly, owns no arena");
+        assert_eq!((fencer.calls(), store.generation(&n("n1"))), (0, 0));
+        assert!(!store.owed(&n("n1")));
+        // The sweep honours it too.
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.honoured, r.fenced), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_claim_held_elsewhere_is_left_to_its_holder() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        store.hold_claim(&n("n1"), "c2");
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(
+            state,
+            FenceState::Skipped {
+                why: SkipReason::HeldBy("c2".into())
+            }
+        );
+        assert_eq!(fencer.calls(), 0);
+        // The sweep leaves it to the holder as well.
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.fenced, r.not_completed), (0, 0));
+        assert_eq!(store.generation(&n("n1")), 0);
+    }
+
+    #[tokio::test]
+    async fn an_unconfirmed_fence_stays_owed_and_the_sweep_finishes_it() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::failing(FenceStep::Verify));
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        let FenceState::Failed {
+            step: FenceStep::Verify,
+            error: FenceFailure::Fencer { message },
+        } = state
+        else {
+            panic!("{state:?}")
+        };
+        assert_eq!(message, "key still registered");
+        // Not bumped, still owed, claim given back, the failed attempt audited.
+        assert_eq!(store.generation(&n("n1")), 0);
+        assert!(store.owed(&n("n1")) && !store.claimed(&n("n1")));
+        assert!(store.state().audit.iter().any(|a| a.2));
+        assert!(!store.state().free.contains("a-n1"));
+        assert_eq!(c.stats().failed.load(Ordering::SeqCst), 1);
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.fenced, r.not_completed), (1, 0));
+        assert_eq!(store.generation(&n("n1")), 1);
+        assert!(!store.owed(&n("n1")));
+        assert_eq!(fencer.calls(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_claim_lost_before_the_bump_writes_nothing_and_stays_owed() {
+        let store = MemStore::new();
+        let expiring = store.clone();
+        let fencer = Arc::new(Scripted {
+            during: Some(Box::new(move || expiring.expire_claim(&n("n1")))),
+            ..Scripted::default()
+        });
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(
+            state,
+            FenceState::Failed {
+                step: FenceStep::Bump,
+                error: FenceFailure::ClaimLost
+            }
+        );
+        assert_eq!(store.generation(&n("n1")), 0);
+        assert!(store.owed(&n("n1")));
+        assert!(!store.state().free.contains("a-n1"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_finish_leaves_the_fence_owed_until_the_claim_expires() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        store.fail_next("finish", 1);
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert!(
+            matches!(
+                &state,
+                FenceState::Failed {
+                    step: FenceStep::Bump,
+                    error: FenceFailure::Store { .. }
+                }
+            ),
+            "{state:?}"
+        );
+        assert_eq!(store.generation(&n("n1")), 0);
+        assert!(store.owed(&n("n1")));
+        // Our claim is still held (it expires with its lease): the sweep leaves it.
+        assert!(store.claimed(&n("n1")));
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 0);
+        store.expire_claim(&n("n1"));
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
+        assert_eq!(store.generation(&n("n1")), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_store_at_claim_is_retried() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        store.fail_next("claim", 2);
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        // Past the retries: a failure at the claim, nothing written.
+        let deleted_rev = dead(&store, "n2");
+        store.fail_next("claim", 5);
+        let state = c
+            .fence(
+                victim("n2"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert!(
+            matches!(
+                state,
+                FenceState::Failed {
+                    step: FenceStep::Claim,
+                    ..
+                }
+            ),
+            "{state:?}"
+        );
+        assert!(!store.owed(&n("n2")) && !store.claimed(&n("n2")));
+    }
+
+    #[tokio::test]
+    async fn the_sweep_drops_stale_marks_of_members_and_spares_its_own_node() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let mut cfg = ControllerConfig::new("c1");
+        cfg.own_node = Some(n("self"));
+        let c = Controller::new(store.clone(), fencer.clone() as Arc<dyn Fencer>, cfg);
+        // n1 was fenced, then rejoined: its mark is stale.
+        dead(&store, "n1");
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
+        store.join(&n("n1"), "i-n1b");
+        // Our own node's membership is gone: the peers fence it, not us.
+        dead(&store, "self");
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.dropped, r.fenced), (1, 0));
+        assert!(store.state().done.is_empty());
+        assert_eq!(store.generation(&n("self")), 0);
+        assert_eq!(fencer.calls(), 1);
+    }
+}
