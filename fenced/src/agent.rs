@@ -18,6 +18,7 @@ use crate::core::{
 use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
+use crate::ports::LeaveStore;
 use crate::store::{EtcdStore, Joined, StoreError};
 
 /// Agent settings.
@@ -754,8 +755,8 @@ where
 
 /// The etcd and device steps of leaving, after quiescence: return our arenas,
 /// unregister our key, write the departure marker. `Err`: why the leave is incomplete.
-async fn leave_steps(
-    store: EtcdStore,
+async fn leave_steps<S: LeaveStore>(
+    store: S,
     node: NodeId,
     instance: String,
     membership_rev: i64,
@@ -814,5 +815,124 @@ async fn leave_steps(
         Err(LeaveFailure::DepartureRefused {
             answer_lost: lost_answer.load(Ordering::SeqCst),
         })
+    }
+}
+
+/// The leave's decisions against the in-memory store: logic only (a real leave is
+/// `tests/fencing.rs`, `tests/cli.rs`, `tests/partition.rs`).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ports::mem::MemStore;
+
+    fn n(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[tokio::test]
+    async fn a_leave_returns_its_arenas_then_departs() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.give_arena(&n("n1"), "a1");
+        store.give_arena(&n("n1"), "a2");
+        leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
+            .await
+            .unwrap();
+        let s = store.state();
+        assert!(s.free.contains("a1") && s.free.contains("a2"));
+        assert!(!s.members.contains_key(&n("n1")));
+        assert_eq!(s.departed.get(&n("n1")).map(|d| d.0.as_str()), Some("i-1"));
+    }
+
+    #[tokio::test]
+    async fn an_arena_that_cannot_be_returned_stops_the_leave_before_the_marker() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.give_arena(&n("n1"), "a1");
+        // Our lease expired while leaving: a fence may be under way that read a1 as
+        // ours; returning it now would let another node take it under live writes.
+        store.expire(&n("n1"));
+        let e = leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, LeaveFailure::ArenaNotOurs { arena } if arena == "a1"),
+            "{e:?}"
+        );
+        assert_eq!(e.to_string(), "arena a1 is not ours any more");
+        let s = store.state();
+        assert!(s.departed.is_empty() && !s.free.contains("a1"));
+    }
+
+    #[tokio::test]
+    async fn an_expired_membership_cannot_depart() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.expire(&n("n1"));
+        let e = leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "membership no longer live: departure refused"
+        );
+        assert!(store.state().departed.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_refusal_after_a_lost_answer_says_it_may_have_been_applied() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.expire(&n("n1"));
+        // The first attempt's answer is lost (unreachable); the retry is refused.
+        store.fail_next("depart", 1);
+        let e = leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, LeaveFailure::DepartureRefused { answer_lost: true }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("may have been applied"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_store_is_retried_until_the_deadline() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.fail_next("depart", 2);
+        leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
+            .await
+            .unwrap();
+        assert!(store.state().departed.contains_key(&n("n1")));
+
+        let rev = store.join(&n("n2"), "i-2");
+        store.fail_next("owned_arenas", 100);
+        let e = leave_steps(
+            store.clone(),
+            n("n2"),
+            "i-2".into(),
+            rev,
+            None,
+            Instant::now(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LeaveFailure::Store {
+                    what: "reading our arenas",
+                    attempts: 1,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(store.state().members.contains_key(&n("n2")));
     }
 }

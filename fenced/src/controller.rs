@@ -707,7 +707,7 @@ mod tests {
         let c = controller(&store, &fencer);
         store.join(&n("n1"), "i-n1");
         store.give_arena(&n("n1"), "a1");
-        let deleted_rev = store.depart(&n("n1"));
+        let deleted_rev = store.mark_departed(&n("n1"));
         let state = c
             .fence(
                 victim("n1"),
@@ -732,7 +732,7 @@ mod tests {
         let fencer = Arc::new(Scripted::default());
         let c = controller(&store, &fencer);
         store.join(&n("n1"), "i-n1");
-        let deleted_rev = store.depart(&n("n1"));
+        let deleted_rev = store.mark_departed(&n("n1"));
         let state = c
             .fence(
                 victim("n1"),

@@ -4,9 +4,10 @@
 //! raft-rs's `MemStorage`). Real-etcd tests (`tests/`) remain the evidence that the
 //! protocol holds; the in-memory store only exercises the controller's decisions.
 //!
-//! The membership watch and the agent's lease keepalive are streams of etcd-client
-//! types and stay on [`EtcdStore`]: `Controller::spawn` (the watch loop) exists only
-//! for `Controller<EtcdStore>`.
+//! [`LeaveStore`] is the agent's leave (return arenas, depart). The rest of the agent
+//! (join, the lease keepalive stream, the device) stays on [`EtcdStore`], as do the
+//! membership watch (a stream of etcd-client types): `Controller::spawn` (the watch
+//! loop) exists only for `Controller<EtcdStore>`.
 
 pub mod mem;
 
@@ -68,6 +69,57 @@ pub trait FenceStore: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn sweep_snapshot(
         &self,
     ) -> impl Future<Output = Result<(SweepSnapshot, i64), StoreError>> + Send;
+}
+
+/// The store operations of the agent's leave, after quiescence: return our arenas,
+/// write the departure marker. Each is conditioned on our live membership.
+pub trait LeaveStore: Clone + Send + Sync + 'static {
+    /// The arenas the records say `node` owns.
+    fn owned_arenas(
+        &self,
+        node: &NodeId,
+    ) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+
+    /// Gives `arena` back (`false`: not ours, or our membership is gone).
+    fn release_arena(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+        arena: &str,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Writes `departed/<node>` and deletes our membership (`false`: not a member any
+    /// more, nothing written).
+    fn depart(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        membership_rev: i64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+impl LeaveStore for EtcdStore {
+    async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>, StoreError> {
+        EtcdStore::owned_arenas(self, node).await
+    }
+
+    async fn release_arena(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+        arena: &str,
+    ) -> Result<bool, StoreError> {
+        EtcdStore::release_arena(self, node, membership_rev, arena).await
+    }
+
+    async fn depart(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        membership_rev: i64,
+    ) -> Result<bool, StoreError> {
+        EtcdStore::depart(self, node, instance, membership_rev).await
+    }
 }
 
 /// The store's refusal in the core's terms (one to one).

@@ -13,7 +13,7 @@ use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SweepSnapshot, Victim};
 use crate::node::NodeId;
 use crate::store::{ClaimGuard, StoreError};
 
-use super::FenceStore;
+use super::{FenceStore, LeaveStore};
 
 /// The key space of the fence path, one map per key prefix. Revisions are one
 /// counter, bumped by every write, like etcd's.
@@ -23,6 +23,8 @@ pub struct MemState {
     pub revision: i64,
     /// `membership/<node>`: instance id.
     pub members: BTreeMap<NodeId, String>,
+    /// `create_revision` of `membership/<node>`.
+    pub membership_revs: BTreeMap<NodeId, i64>,
     /// `instance/<node>`: instance id of the last join.
     pub instances: BTreeMap<NodeId, String>,
     /// `gen/<node>`: generation and mod revision.
@@ -92,7 +94,7 @@ impl MemStore {
     }
 
     /// The next `times` calls of `op` (`claim`, `finish`, `abort`, `drop_stale`,
-    /// `sweep_snapshot`) fail as if etcd were unreachable, writing nothing.
+    /// `sweep_snapshot`, `owned_arenas`, `release_arena`, `depart`) fail as if etcd were unreachable, writing nothing.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.faults
             .lock()
@@ -114,13 +116,16 @@ impl MemStore {
         }
     }
 
-    /// `node` joins with `instance` (membership, instance record, generation key).
-    pub fn join(&self, node: &NodeId, instance: &str) {
+    /// `node` joins with `instance` (membership, instance record, generation key);
+    /// returns the membership's create revision.
+    pub fn join(&self, node: &NodeId, instance: &str) -> i64 {
         let mut s = self.state();
         let rev = s.write();
         s.members.insert(node.clone(), instance.to_owned());
+        s.membership_revs.insert(node.clone(), rev);
         s.instances.insert(node.clone(), instance.to_owned());
         s.generations.entry(node.clone()).or_insert((0, rev));
+        rev
     }
 
     /// `node`'s membership lease expired; returns the revision of the DELETE.
@@ -133,7 +138,7 @@ impl MemStore {
 
     /// `node` left cleanly: departure marker written, membership deleted; returns the
     /// revision of the DELETE.
-    pub fn depart(&self, node: &NodeId) -> i64 {
+    pub fn mark_departed(&self, node: &NodeId) -> i64 {
         let mut s = self.state();
         let rev = s.write();
         if let Some(instance) = s.members.remove(node) {
@@ -142,10 +147,14 @@ impl MemStore {
         rev
     }
 
-    /// `node` owns `arena`.
+    /// `node` owns `arena` (taken from whoever owned it).
     pub fn give_arena(&self, node: &NodeId, arena: &str) {
         let mut s = self.state();
         s.write();
+        for owned in s.owned.values_mut() {
+            owned.remove(arena);
+        }
+        s.free.remove(arena);
         s.owned
             .entry(node.clone())
             .or_default()
@@ -338,5 +347,56 @@ impl FenceStore for MemStore {
             instances: s.instances.clone(),
         };
         Ok((snap, s.revision))
+    }
+}
+
+impl LeaveStore for MemStore {
+    async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>, StoreError> {
+        self.fault("owned_arenas")?;
+        Ok(self
+            .state()
+            .owned
+            .get(node)
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn release_arena(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+        arena: &str,
+    ) -> Result<bool, StoreError> {
+        self.fault("release_arena")?;
+        let mut s = self.state();
+        let ours = s.membership_revs.get(node) == Some(&membership_rev)
+            && s.members.contains_key(node)
+            && s.owned.get(node).is_some_and(|a| a.contains(arena));
+        if ours {
+            s.write();
+            if let Some(owned) = s.owned.get_mut(node) {
+                owned.remove(arena);
+            }
+            s.free.insert(arena.to_owned());
+        }
+        Ok(ours)
+    }
+
+    async fn depart(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        membership_rev: i64,
+    ) -> Result<bool, StoreError> {
+        self.fault("depart")?;
+        let mut s = self.state();
+        let live =
+            s.members.contains_key(node) && s.membership_revs.get(node) == Some(&membership_rev);
+        if live {
+            let rev = s.write();
+            s.members.remove(node);
+            s.departed.insert(node.clone(), (instance.to_owned(), rev));
+        }
+        Ok(live)
     }
 }
