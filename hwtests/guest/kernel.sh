@@ -176,7 +176,7 @@ kernel_check() { # abi
     done
     nvmet=$(printf '%s\n' "${mod_order[@]}" | grep '/nvmet\.ko$' || true)
     if [[ -n $nvmet ]] && ! grep -aq 'resv_enable' "$nvmet"; then
-      kernel_problems+=("nvmet.ko has no resv_enable attribute: this nvmet cannot enable reservations on a namespace (needs Linux >= $kmin)")
+      kernel_problems+=("nvmet.ko has no resv_enable attribute: this nvmet cannot enable reservations on a namespace (upstream has it since Linux $kmin)")
     fi
   fi
   ((${#kernel_problems[@]} == 0))
@@ -221,7 +221,7 @@ kernel_fetch() { # abi ver [pinned]
   done
   ((${#debs[@]})) || return 1
   kernel_unpack "$abi" "${debs[@]}"
-  phase "kernel $abi ($ver) downloaded and unpacked"
+  phase "kernel $abi ($ver) unpacked"
 }
 
 # Tries the current linux-image-<flavour> of one suite. Returns 1 (reason logged) when
