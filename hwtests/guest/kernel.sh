@@ -78,6 +78,8 @@ apt_suite() { # suite -> 0 when its index is usable (apt_o set), 1 with the reas
 }
 # Versions of a package in the current suite's index, one a line.
 apt_versions() { apt-cache "${apt_o[@]}" madison "$1" 2>/dev/null | awk -F'|' '{ gsub(/ /, "", $2); print $2 }'; }
+# apt's candidate (the highest version in the suite's index), empty when there is none.
+apt_candidate() { apt-cache "${apt_o[@]}" policy "$1" 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" { print $2 }'; }
 deb_path() { echo "$cache/debs/${1}_${2//:/%3a}_amd64.deb"; }
 # Downloads pkg=ver into the debs cache (apt checks it against the signed index).
 apt_fetch() { # pkg ver
@@ -230,12 +232,12 @@ kernel_from_suite() { # suite
   local suite=$1 meta abi ver
   ksuite_now=$suite
   apt_suite "$suite" || return 1
-  meta=$(apt_versions "linux-image-$kflavour" | sort -V | tail -n1) # the suite's current one
+  meta=$(apt_candidate "linux-image-$kflavour") # the suite's current one
   [[ -n $meta ]] || { log "suite $suite: no linux-image-$kflavour"; return 1; }
   abi=$(apt-cache "${apt_o[@]}" show "linux-image-$kflavour=$meta" 2>/dev/null | grep -m1 '^Depends:' \
     | grep -oE "linux-image-[0-9][^ ,]*-$kflavour" | head -n1 | sed 's/^linux-image-//')
   [[ -n $abi ]] || { log "suite $suite: linux-image-$kflavour $meta depends on no linux-image-<abi>"; return 1; }
-  ver=$(apt_versions "linux-image-$abi" | sort -V | tail -n1)
+  ver=$(apt_candidate "linux-image-$abi")
   [[ -n $ver ]] || { log "suite $suite: linux-image-$abi is not in its index"; return 1; }
   # Skip a kernel that is too old before downloading it.
   if ! dpkg --compare-versions "$(abi_upstream "$abi")" ge "$kmin"; then
