@@ -117,7 +117,7 @@ kernel_unpack() { # abi deb...
 # ships one; otherwise it is assumed built in, as nvme-core is in the cloud flavour).
 declare -A mod_seen=()
 kernel_problems=()
-mod_file() { find "$kdir/kernel" -name "$1.ko" -o -name "$1.ko.*" 2>/dev/null | head -n1; }
+mod_file() { find "$kdir/kernel" \( -name "$1.ko" -o -name "$1.ko.*" \) -print -quit 2>/dev/null; }
 mod_builtin() { [[ -f $kdir/modules.builtin ]] && grep -qE "/($1|${1//_/-}|${1//-/_})\.ko\$" "$kdir/modules.builtin"; }
 mod_resolve() { # name
   local name=$1 f deps d ko
