@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::{EtcdStore, Result, absent, count, kvs, parse_u64, prefix_keys_only, revision, text};
 use crate::core::{BumpOutcome, ClaimOutcome, SnapshotGuard, Victim};
@@ -121,91 +121,8 @@ impl EtcdStore {
         let k = &self.keys;
         let n = &victim.node;
         let lease = self.take_claim_lease().await?;
-        let mut when = vec![absent(k.claim(n)), absent(k.membership(n))];
-        let not_fenced_since = |rev: i64| Compare::mod_revision(k.done(n), CompareOp::Less, rev);
-        match guard {
-            ClaimGuard::Watch { deleted_rev } => {
-                when.push(absent(k.departed(n)));
-                when.push(not_fenced_since(deleted_rev));
-            }
-            ClaimGuard::IgnoreDeparture { deleted_rev } => when.push(not_fenced_since(deleted_rev)),
-            ClaimGuard::Sweep(g) => {
-                when.push(Compare::mod_revision(
-                    k.pending(n),
-                    CompareOp::Equal,
-                    g.pending_rev,
-                ));
-                when.push(Compare::mod_revision(
-                    k.done(n),
-                    CompareOp::Equal,
-                    g.done_rev,
-                ));
-                when.push(Compare::mod_revision(
-                    k.departed(n),
-                    CompareOp::Equal,
-                    g.departed_rev,
-                ));
-            }
-        }
-        let txn = Txn::new()
-            .when(when)
-            .and_then(vec![
-                TxnOp::put(k.pending(n), victim.instance.clone(), None),
-                TxnOp::put(
-                    k.claim(n),
-                    controller,
-                    Some(PutOptions::new().with_lease(lease)),
-                ),
-                TxnOp::get(k.generation(n), None),
-                TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
-            ])
-            .or_else(vec![
-                TxnOp::get(k.claim(n), None),
-                TxnOp::get(k.membership(n), None),
-                TxnOp::get(k.departed(n), None),
-                TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
-                TxnOp::get(k.done(n), None),
-                TxnOp::get(k.generation(n), None),
-            ]);
-        // An answer lost to a timeout or a dead leader leaves the outcome unknown.
-        // Retry with the same lease: if an earlier attempt landed, the claim found
-        // carries our lease (a lease is used by at most one claim that landed) and is
-        // ours. Without this the claim in doubt blocked the fence until its lease
-        // expired (claim TTL, 120 s by default). An error that reaches the caller
-        // leaves the lease unused or holding a claim that expires with it.
-        let t0 = Instant::now();
-        let mut delay = Duration::from_millis(100);
-        let mut attempt = 0;
-        let resp = loop {
-            attempt += 1;
-            let r = self.fence_txn("claim", txn.clone(), attempt).await;
-            #[cfg(feature = "failpoints")]
-            let r = match r {
-                // Tests: the transaction was applied, its answer is "lost".
-                Ok(_)
-                    if attempt == 1
-                        && fail::eval("store::claim::answer_lost", |who| {
-                            who.as_deref() == Some(controller)
-                        }) == Some(true) =>
-                {
-                    Err(super::StoreError::Unavailable {
-                        op: "claim",
-                        source: etcd_client::Error::GRpcStatus(tonic::Status::cancelled(
-                            "fail point store::claim::answer_lost",
-                        )),
-                    })
-                }
-                r => r,
-            };
-            match r {
-                Err(e) if e.is_retryable() && t0.elapsed() + delay < self.claim_ttl / 2 => {
-                    tracing::warn!(step = "claim", node = %n, attempt, error = %e, "claim transaction failed, retrying (its outcome is checked)");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(1));
-                }
-                r => break r?,
-            }
-        };
+        let txn = claim_txn(k, victim, controller, lease, guard);
+        let (resp, attempt) = self.send_claim(n, controller, txn).await?;
         let ops = resp.op_responses();
         if resp.succeeded() {
             return Ok(ClaimResult::Outcome(won(
@@ -232,28 +149,39 @@ impl EtcdStore {
         }
         // The lease was not used: keep it as the spare.
         *self.spare.lock().await = Some((lease, Instant::now() - self.claim_ttl / 8));
-        if let Some(kv) = kvs(&ops[0]).first() {
-            return Ok(ClaimResult::Outcome(ClaimOutcome::Held { by: text(kv) }));
-        }
-        if !kvs(&ops[1]).is_empty() {
-            return Ok(ClaimResult::Refused(ClaimRefusal::Member));
-        }
-        let fenced_since = |rev: i64| {
-            kvs(&ops[4])
-                .first()
-                .is_some_and(|kv| kv.mod_revision() >= rev)
-        };
-        match guard {
-            ClaimGuard::Sweep(_) => Ok(ClaimResult::Refused(ClaimRefusal::SnapshotAged)),
-            ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
-                if fenced_since(deleted_rev) =>
-            {
-                Ok(ClaimResult::Refused(ClaimRefusal::AlreadyFenced))
+        Ok(not_won(&ops, guard))
+    }
+
+    /// Sends the claim transaction, retrying while its outcome is unknown; returns the
+    /// answer and the number of the attempt that got it.
+    ///
+    /// An answer lost to a timeout or a dead leader leaves the outcome unknown.
+    /// Retry with the same lease: if an earlier attempt landed, the claim found
+    /// carries our lease (a lease is used by at most one claim that landed) and is
+    /// ours. Without this the claim in doubt blocked the fence until its lease
+    /// expired (claim TTL, 120 s by default). An error that reaches the caller
+    /// leaves the lease unused or holding a claim that expires with it.
+    async fn send_claim(
+        &self,
+        n: &NodeId,
+        controller: &str,
+        txn: Txn,
+    ) -> Result<(TxnResponse, u32)> {
+        let t0 = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let r = self.fence_txn("claim", txn.clone(), attempt).await;
+            let r = fail_answer_lost(r, attempt, controller);
+            match r {
+                Err(e) if e.is_retryable() && t0.elapsed() + delay < self.claim_ttl / 2 => {
+                    tracing::warn!(step = "claim", node = %n, attempt, error = %e, "claim transaction failed, retrying (its outcome is checked)");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+                r => return Ok((r?, attempt)),
             }
-            _ if !kvs(&ops[2]).is_empty() => Ok(ClaimResult::Refused(ClaimRefusal::Departed {
-                arenas: Some(count(&ops[3]).max(kvs(&ops[3]).len())),
-            })),
-            _ => Ok(ClaimResult::Refused(ClaimRefusal::SnapshotAged)),
         }
     }
 
@@ -384,4 +312,118 @@ impl EtcdStore {
             ]);
         Ok(self.txn("drop_stale", txn).await?.succeeded())
     }
+}
+
+/// The claim transaction on `lease`: `record_intent` + `claim` + `read_generation` and
+/// the victim's arena index when the claim is free, the victim not a member and
+/// `guard` holds; otherwise it reads what refused it (see [`not_won`]).
+fn claim_txn(k: &Keys, victim: &Victim, controller: &str, lease: i64, guard: ClaimGuard) -> Txn {
+    let n = &victim.node;
+    let mut when = vec![absent(k.claim(n)), absent(k.membership(n))];
+    let not_fenced_since = |rev: i64| Compare::mod_revision(k.done(n), CompareOp::Less, rev);
+    match guard {
+        ClaimGuard::Watch { deleted_rev } => {
+            when.push(absent(k.departed(n)));
+            when.push(not_fenced_since(deleted_rev));
+        }
+        ClaimGuard::IgnoreDeparture { deleted_rev } => when.push(not_fenced_since(deleted_rev)),
+        ClaimGuard::Sweep(g) => {
+            when.push(Compare::mod_revision(
+                k.pending(n),
+                CompareOp::Equal,
+                g.pending_rev,
+            ));
+            when.push(Compare::mod_revision(
+                k.done(n),
+                CompareOp::Equal,
+                g.done_rev,
+            ));
+            when.push(Compare::mod_revision(
+                k.departed(n),
+                CompareOp::Equal,
+                g.departed_rev,
+            ));
+        }
+    }
+    Txn::new()
+        .when(when)
+        .and_then(vec![
+            TxnOp::put(k.pending(n), victim.instance.clone(), None),
+            TxnOp::put(
+                k.claim(n),
+                controller,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(k.generation(n), None),
+            TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
+        ])
+        .or_else(vec![
+            TxnOp::get(k.claim(n), None),
+            TxnOp::get(k.membership(n), None),
+            TxnOp::get(k.departed(n), None),
+            TxnOp::get(k.arena_node_prefix(n), prefix_keys_only()),
+            TxnOp::get(k.done(n), None),
+            TxnOp::get(k.generation(n), None),
+        ])
+}
+
+/// A claim that neither succeeded nor turned out to be ours, from the reads of the
+/// claim transaction's `or_else` branch: held by another controller, or refused by
+/// `guard` and why.
+fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimResult {
+    if let Some(kv) = kvs(&ops[0]).first() {
+        return ClaimResult::Outcome(ClaimOutcome::Held { by: text(kv) });
+    }
+    if !kvs(&ops[1]).is_empty() {
+        return ClaimResult::Refused(ClaimRefusal::Member);
+    }
+    let fenced_since = |rev: i64| {
+        kvs(&ops[4])
+            .first()
+            .is_some_and(|kv| kv.mod_revision() >= rev)
+    };
+    match guard {
+        ClaimGuard::Sweep(_) => ClaimResult::Refused(ClaimRefusal::SnapshotAged),
+        ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
+            if fenced_since(deleted_rev) =>
+        {
+            ClaimResult::Refused(ClaimRefusal::AlreadyFenced)
+        }
+        _ if !kvs(&ops[2]).is_empty() => ClaimResult::Refused(ClaimRefusal::Departed {
+            arenas: Some(count(&ops[3]).max(kvs(&ops[3]).len())),
+        }),
+        _ => ClaimResult::Refused(ClaimRefusal::SnapshotAged),
+    }
+}
+
+/// Fail point `store::claim::answer_lost` (tests; its argument names the controller
+/// it applies to): the first attempt of the claim was applied, its answer is "lost".
+#[cfg(feature = "failpoints")]
+fn fail_answer_lost(r: Result<TxnResponse>, attempt: u32, controller: &str) -> Result<TxnResponse> {
+    match r {
+        Ok(_)
+            if attempt == 1
+                && fail::eval("store::claim::answer_lost", |who| {
+                    who.as_deref() == Some(controller)
+                }) == Some(true) =>
+        {
+            Err(super::StoreError::Unavailable {
+                op: "claim",
+                source: etcd_client::Error::GRpcStatus(tonic::Status::cancelled(
+                    "fail point store::claim::answer_lost",
+                )),
+            })
+        }
+        r => r,
+    }
+}
+
+/// Without the `failpoints` feature the answer is passed through.
+#[cfg(not(feature = "failpoints"))]
+fn fail_answer_lost(
+    r: Result<TxnResponse>,
+    _attempt: u32,
+    _controller: &str,
+) -> Result<TxnResponse> {
+    r
 }
