@@ -11,12 +11,12 @@
 pub mod agent;
 pub mod controller;
 pub mod core;
-#[cfg(feature = "ebs")]
-pub mod ebs;
 pub mod fencer;
 pub mod guard;
 pub mod keys;
 pub mod node;
 pub mod store;
 
+#[cfg(feature = "ebs")]
+pub use fencer::ebs;
 pub use node::NodeId;

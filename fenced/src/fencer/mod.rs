@@ -13,6 +13,9 @@ use nvme_resv::{Acquire, AcquireAction, Key, ReservationStatus, ReservationType,
 
 use crate::core::{Confirmation, FenceStep, Victim};
 
+#[cfg(feature = "ebs")]
+pub mod ebs;
+
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
