@@ -1,10 +1,10 @@
 //! The fail-point engine: one `fence::<step>` point per device command and etcd
 //! transaction of a fence (feature `failpoints`; without it every point compiles to
-//! nothing and [`fault`] always answers "go on").
+//! nothing and every fence step goes on).
 //!
 //! A point is configured with the `fail` crate (`fail::cfg`, or `FAILPOINTS` in a
 //! `fenced run` process); [`FaultEffect`] documents the syntax. Each hit is recorded
-//! ([`fault_hits`]) so a test can check which controller's fence met which fault.
+//! (`fault_hits`, feature `failpoints`) so a test can check which controller's fence met which fault.
 
 use std::future::Future;
 

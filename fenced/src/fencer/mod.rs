@@ -24,11 +24,11 @@ pub mod ebs;
 pub mod levels;
 pub mod nvme;
 
-/// What a fencer established (defined in the I/O-free core, which records it).
+// What a fencer established: defined in the I/O-free core, which records it.
 pub use crate::core::Confirmation;
 #[cfg(feature = "failpoints")]
 pub use crate::fault::fault_hits;
-/// The fail-point engine lives in [`crate::fault`]; its types are re-exported here.
+// The fail-point engine lives in `crate::fault`; these paths stay for its users.
 pub use crate::fault::{FaultEffect, FaultHit, FaultInjected};
 pub(crate) use crate::fault::{fault, fault_scope};
 pub use levels::{FencingLevels, LevelFailure, LevelFailures};

@@ -18,13 +18,14 @@
 //!   answering "not attached" (`IncorrectState`, `InvalidAttachment.NotFound`) or
 //!   "unknown instance" (`InvalidInstanceID.NotFound`) just moves on to the
 //!   `DescribeVolumes` check, which decides.
-//! - **Errors classified once** (`errors.rs`: [`classify`], [`EbsError::retry_or_stop`]): throttling and transient failures
-//!   are retried inside the deadline; auth/permission failures fail at once and loudly
-//!   (the fence stays owed; retrying cannot help until an operator fixes the role); an
-//!   unknown **volume** is a misconfiguration and never counts as severed (a typo in
-//!   `--ebs-volume-id` must not turn every fence into a "success"); an unknown
-//!   **instance** counts as severed only through `DescribeVolumes` showing no attachment
-//!   to it, which is what a terminated instance looks like.
+//! - **Errors classified once** ([`classify`]) and judged once
+//!   ([`EbsError::retry_or_stop`]), both in `errors.rs`: throttling and transient
+//!   failures are retried inside the deadline; auth/permission failures fail at once
+//!   and loudly (the fence stays owed; retrying cannot help until an operator fixes the
+//!   role); an unknown **volume** is a misconfiguration and never counts as severed (a
+//!   typo in `--ebs-volume-id` must not turn every fence into a "success"); an unknown
+//!   **instance** counts as severed only through `DescribeVolumes` showing no
+//!   attachment to it, which is what a terminated instance looks like.
 //! - **The instance id comes from the intent** (`fence_pending/<node>`, recorded from the
 //!   membership value at join), because the membership key is gone by the time a retry
 //!   runs. A victim with no known instance id cannot be fenced by EBS: detaching "every
@@ -45,8 +46,7 @@ use crate::fencer::{BoxFuture, FenceError, Fencer};
 mod errors;
 mod query;
 
-/// The generic levels live in [`crate::fencer::levels`]; kept here for
-/// `fenced::ebs::FencingLevels` callers.
+// The generic levels live in `crate::fencer::levels`; this path stays for its users.
 pub use crate::fencer::FencingLevels;
 pub use errors::{
     EbsError, Ec2Error, Ec2ErrorKind, Ec2Op, Transport, classify, classify_credentials,
