@@ -92,10 +92,10 @@ fn answer_lost(op: &'static str) -> StoreError {
 }
 
 /// An injected fault as a store error (the step's etcd request was never sent).
-fn fault_error(what: String) -> StoreError {
+fn fault_error(e: crate::fault::FaultInjected) -> StoreError {
     StoreError::Malformed {
         key: "fail point".into(),
-        what,
+        what: e.to_string(),
     }
 }
 
@@ -369,7 +369,7 @@ impl Controller {
     ) -> Result<Confirmation, (FenceStep, String)> {
         let lose = fault(FenceStep::Sever)
             .await
-            .map_err(|m| (FenceStep::Sever, m))?;
+            .map_err(|m| (FenceStep::Sever, m.to_string()))?;
         let held = claiming.elapsed();
         if held > self.store.claim_ttl() / 2 {
             tracing::warn!(step = "sever", node = %victim.node, claimed_ago = ?held, claim_ttl = ?self.store.claim_ttl(), "claim may have expired: not severing");
@@ -381,7 +381,10 @@ impl Controller {
                 ),
             ));
         }
-        let r = fencer.fence(victim).await.map_err(|e| (e.step, e.message));
+        let r = fencer
+            .fence(victim)
+            .await
+            .map_err(|e| (e.step, e.cause.to_string()));
         if lose {
             return r.and_then(|_| {
                 Err((
