@@ -179,8 +179,9 @@ pub enum ConfigError {
         path: PathBuf,
         line: usize,
         message: String,
-        #[source]
-        source: toml::de::Error,
+        /// The parser's error (its `Display` is a multi-line snippet; `message` is
+        /// its one-line text).
+        error: toml::de::Error,
     },
     /// A key of the config file is unknown or its value has the wrong type.
     #[error("invalid config {}: key `{key}`: {message}", path.display())]
@@ -188,8 +189,9 @@ pub enum ConfigError {
         path: PathBuf,
         key: String,
         message: String,
-        #[source]
-        source: toml::de::Error,
+        /// The parser's error (its `Display` is a multi-line snippet; `message` is
+        /// its one-line text).
+        error: toml::de::Error,
     },
     /// `run` without a node id.
     #[error("missing --node-id (or FENCED_NODE_ID, or node_id in the config)")]
@@ -225,33 +227,33 @@ pub fn load_file(path: Option<&Path>) -> Result<Layer, ConfigError> {
 }
 
 fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
-    let table: toml::Table = toml::from_str(text).map_err(|source| ConfigError::Syntax {
+    let table: toml::Table = toml::from_str(text).map_err(|error| ConfigError::Syntax {
         path: path.to_owned(),
-        line: source
+        line: error
             .span()
             .map_or(1, |s| 1 + text[..s.start].matches('\n').count()),
-        message: source.message().to_owned(),
-        source,
+        message: error.message().to_owned(),
+        error,
     })?;
     // Key by key first: serde's own error does not say which key was wrong.
     for (key, value) in &table {
         let one = toml::Table::from_iter([(key.clone(), value.clone())]);
-        if let Err(source) = toml::Value::Table(one).try_into::<Layer>() {
+        if let Err(error) = toml::Value::Table(one).try_into::<Layer>() {
             return Err(ConfigError::Key {
                 path: path.to_owned(),
                 key: key.clone(),
-                message: source.message().to_owned(),
-                source,
+                message: error.message().to_owned(),
+                error,
             });
         }
     }
     toml::Value::Table(table)
         .try_into()
-        .map_err(|source: toml::de::Error| ConfigError::Syntax {
+        .map_err(|error: toml::de::Error| ConfigError::Syntax {
             path: path.to_owned(),
             line: 1,
-            message: source.message().to_owned(),
-            source,
+            message: error.message().to_owned(),
+            error,
         })
 }
 

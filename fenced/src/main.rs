@@ -73,7 +73,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
         }
         cause = c.source();
     }
-    line
+    line.replace('\n', " ")
 }
 
 async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
