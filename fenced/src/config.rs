@@ -178,20 +178,16 @@ pub enum ConfigError {
     Syntax {
         path: PathBuf,
         line: usize,
+        /// The parser's one-line message (its `Display` is a multi-line snippet).
         message: String,
-        /// The parser's error (its `Display` is a multi-line snippet; `message` is
-        /// its one-line text).
-        error: toml::de::Error,
     },
     /// A key of the config file is unknown or its value has the wrong type.
     #[error("invalid config {}: key `{key}`: {message}", path.display())]
     Key {
         path: PathBuf,
         key: String,
+        /// The parser's one-line message (its `Display` is a multi-line snippet).
         message: String,
-        /// The parser's error (its `Display` is a multi-line snippet; `message` is
-        /// its one-line text).
-        error: toml::de::Error,
     },
     /// `run` without a node id.
     #[error("missing --node-id (or FENCED_NODE_ID, or node_id in the config)")]
@@ -233,7 +229,6 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             .span()
             .map_or(1, |s| 1 + text[..s.start].matches('\n').count()),
         message: error.message().to_owned(),
-        error,
     })?;
     // Key by key first: serde's own error does not say which key was wrong.
     for (key, value) in &table {
@@ -243,7 +238,6 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
                 path: path.to_owned(),
                 key: key.clone(),
                 message: error.message().to_owned(),
-                error,
             });
         }
     }
@@ -253,7 +247,6 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             path: path.to_owned(),
             line: 1,
             message: error.message().to_owned(),
-            error,
         })
 }
 
