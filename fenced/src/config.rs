@@ -227,7 +227,8 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         path: path.to_owned(),
         line: error
             .span()
-            .map_or(1, |s| 1 + text[..s.start].matches('\n').count()),
+            .and_then(|s| text.get(..s.start))
+            .map_or(1, |before| 1 + before.matches('\n').count()),
         message: error.message().to_owned(),
     })?;
     // Key by key first: serde's own error does not say which key was wrong.
