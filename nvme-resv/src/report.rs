@@ -5,8 +5,6 @@
 //! Reservation Status Extended Data Structure (64-byte header, 64-byte Registered
 //! Controller Extended entries with 128-bit host identifiers). Little endian.
 
-use serde_json::{Value, json};
-
 use crate::error::ReportError;
 use crate::{HostId, Key, ReservationType};
 
@@ -76,7 +74,11 @@ impl ReservationStatus {
     /// `cntlid`, `rcsts`, `rkey` as numbers and `hostid` as 32 lowercase hex digits in
     /// byte order. A report read with the regular structure is printed under
     /// `regctls` with `hostid` as a number, as nvme-cli does without `--eds`.
-    pub fn to_nvme_cli_json(&self) -> Value {
+    ///
+    /// Needs the `json` feature (on with the default `cli`).
+    #[cfg(feature = "json")]
+    pub fn to_nvme_cli_json(&self) -> serde_json::Value {
+        use serde_json::{Value, json};
         let entries: Vec<Value> = self
             .registrants
             .iter()
@@ -331,8 +333,11 @@ mod tests {
         assert_eq!(st.registrants[2].hostid.0[8..], [0; 8]);
         assert_eq!(st.holder().map(|h| h.rkey), Some(Key(0xb0)));
         assert_eq!(encode(&st), b);
-        let j = st.to_nvme_cli_json();
-        assert_eq!(j["regctls"][2]["hostid"], 0x1002);
+        #[cfg(feature = "json")]
+        {
+            let j = st.to_nvme_cli_json();
+            assert_eq!(j["regctls"][2]["hostid"], 0x1002);
+        }
     }
 
     #[test]
@@ -413,6 +418,7 @@ mod tests {
         assert!(parse_regular(&b).is_err());
     }
 
+    #[cfg(feature = "json")]
     #[test]
     fn nvme_cli_json_shape() {
         let st = parse_extended(&extended_fixture()).unwrap();
