@@ -50,6 +50,7 @@ pub mod cmd;
 mod error;
 pub mod model;
 pub mod namespace;
+pub mod raw;
 pub mod report;
 pub mod status;
 mod sys;
