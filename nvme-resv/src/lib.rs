@@ -50,6 +50,7 @@ pub mod cmd;
 mod error;
 pub mod model;
 pub mod namespace;
+pub mod node;
 pub mod raw;
 pub mod report;
 pub mod status;
@@ -61,6 +62,7 @@ use std::hash::Hasher;
 pub use cmd::{Acquire, AcquireAction, Cptpl, Register, RegisterAction, Release, ReleaseAction};
 pub use error::{Error, Operation, ReportError, Result};
 pub use namespace::{Capabilities, Namespace, ReportFormat};
+pub use node::{InvalidNodeId, NodeId};
 pub use report::{RegisteredController, ReservationStatus};
 pub use status::NvmeStatus;
 
@@ -84,6 +86,9 @@ pub const ZERO_HASH_KEY: Key = Key(0xcbf2_9ce4_8422_2325);
 
 /// The reservation key of a node: FNV-1a 64 of its node id's UTF-8 bytes. Any survivor
 /// can compute the key of any other node without a registry. Never returns `Key(0)`.
+///
+/// Hashes any string; to refuse ids that `fenced` refuses (empty, `/`, ...) validate
+/// with [`NodeId::new`] first and use [`NodeId::key`].
 pub fn key_for_node(node_id: &str) -> Key {
     let mut h = fnv::FnvHasher::default();
     h.write(node_id.as_bytes());
