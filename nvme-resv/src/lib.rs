@@ -11,7 +11,11 @@
 //! [`cmd`] holds the pure command encoders, [`report`] the report parser, [`status`]
 //! the NVMe status decoding, [`model`] an in-memory model of the specification's
 //! reservation rules. [`Namespace`] is the real device; [`Reservations`] is the trait
-//! both the device and the model implement.
+//! both the device and the model implement. [`node`] holds the rule for valid node ids
+//! ([`NodeId`]) and [`raw`] any other passthrough command through a safe function.
+//!
+//! Feature flags: `cli` (default) builds the `nvme-resv` binary; `json` adds
+//! [`ReservationStatus::to_nvme_cli_json`]. The library alone needs neither.
 //!
 //! # Example
 //!
@@ -246,6 +250,11 @@ macro_rules! forward_reservations {
     )*};
 }
 forward_reservations!(&T, Box<T>, std::sync::Arc<T>);
+
+/// The README's example, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(test)]
 mod tests {

@@ -16,6 +16,7 @@ use crate::{Acquire, Register, Release, ReservationStatus, ReservationType, Rese
 
 /// Which Reservation Report data structure to request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum ReportFormat {
     /// Extended data structure (EDS=1): 128-bit host identifiers.
     #[default]
@@ -29,6 +30,7 @@ pub enum ReportFormat {
 /// What a namespace and its controller support, from Identify Controller (ONCS) and
 /// Identify Namespace (RESCAP, FLBAS/LBAF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Whether reservations can be used: ONCS bit 5 set and at least one type in RESCAP.
     pub reservations: bool,
