@@ -23,6 +23,7 @@
 //!     Completion::Success { .. } => println!("generation {}", u32::from_le_bytes(buf[..4].try_into().unwrap())),
 //!     Completion::Status(s) => println!("device refused: {s}"),
 //!     Completion::Os(e) => return Err(e),
+//!     other => println!("{other:?}"), // `Completion` is non-exhaustive
 //! }
 //! # Ok(())
 //! # }
