@@ -39,8 +39,10 @@
 #![deny(missing_docs)]
 
 mod error;
+mod fence;
 mod options;
 pub mod probe;
+mod req;
 mod sync;
 #[allow(unsafe_code)]
 mod sys;
@@ -51,5 +53,6 @@ pub use options::{DEFAULT_FENCE_PROBE_SETTLE, EngineKind, Options};
 #[cfg(feature = "nvme-resv")]
 pub use probe::ReservationProbe;
 pub use probe::{FenceProbe, FenceVerdict, ProbeError};
+pub use req::{Completion, Rejected};
 pub use sys::buf::AlignedBuf;
-pub use writer::{Completion, DirectWriter, Rejected};
+pub use writer::DirectWriter;
