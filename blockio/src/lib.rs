@@ -40,6 +40,7 @@
 
 mod error;
 mod fence;
+mod geometry;
 mod options;
 pub mod probe;
 mod req;

@@ -2,19 +2,18 @@
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, Op, Result};
 use crate::fence::Fence;
+use crate::geometry::{Geometry, learn_geometry, probe_err};
 use crate::options::{EngineKind, Options};
 use crate::req::{Completion, Rejected, Req};
 use crate::sync::SyncEngine;
 use crate::sys::buf::AlignedBuf;
 use crate::sys::ring::{Ring, RingConfig};
-use crate::sys::{self, DioAlign};
 
 /// Linux caps one read or write at `MAX_RW_COUNT` (`INT_MAX & PAGE_MASK`) bytes.
 const MAX_RW_COUNT: usize = 0x7fff_f000;
@@ -57,15 +56,6 @@ impl Drop for Inner {
     }
 }
 
-/// Geometry learned when opening.
-#[derive(Debug, Clone, Copy)]
-struct Geometry {
-    offset_align: usize,
-    mem_align: usize,
-    size: u64,
-    block_device: bool,
-}
-
 /// An `O_DIRECT` writer (and reader) on a block device or a regular file.
 ///
 /// The one property callers rely on: when the device refuses a request because of a
@@ -96,76 +86,6 @@ fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
 
 fn inner_mut(m: &mut Mutex<Inner>) -> &mut Inner {
     m.get_mut().unwrap_or_else(PoisonError::into_inner)
-}
-
-fn probe_err(call: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Probe { call, path, source }
-}
-
-fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
-    let meta = file.metadata().map_err(probe_err("fstat", path))?;
-    let ft = meta.file_type();
-    let dio = sys::statx_dio_align(file.as_fd()).map_err(probe_err("statx", path))?;
-    if ft.is_block_device() {
-        let lbs =
-            sys::logical_block_size(file.as_fd()).map_err(probe_err("BLKSSZGET", path))? as usize;
-        let size = sys::block_device_size(file.as_fd()).map_err(probe_err("BLKGETSIZE64", path))?;
-        if let Ok(pbs) = sys::physical_block_size(file.as_fd()) {
-            tracing::debug!(path = %path.display(), logical = lbs, physical = pbs, "block device sector sizes");
-        }
-        let (mem, off) = match dio {
-            DioAlign::Align { mem, offset } => (mem as usize, (offset as usize).max(lbs)),
-            _ => (lbs, lbs),
-        };
-        if !off.is_power_of_two() || !mem.is_power_of_two() {
-            return Err(Error::UnknownAlignment {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(Geometry {
-            offset_align: off,
-            mem_align: mem,
-            size,
-            block_device: true,
-        })
-    } else if ft.is_file() {
-        match dio {
-            DioAlign::Align { mem, offset }
-                if (mem as usize).is_power_of_two() && (offset as usize).is_power_of_two() =>
-            {
-                Ok(Geometry {
-                    offset_align: offset as usize,
-                    mem_align: mem as usize,
-                    size: meta.len(),
-                    block_device: false,
-                })
-            }
-            DioAlign::Unsupported => Err(Error::DirectIoUnsupported {
-                path: path.to_path_buf(),
-            }),
-            // The open with O_DIRECT succeeded but the file system does not report its
-            // alignment (tmpfs, or a kernel before 6.1). Direct I/O alignment never
-            // exceeds the file system block size, so that is a safe, stricter rule.
-            DioAlign::Unknown if meta.blksize().is_power_of_two() && meta.blksize() >= 512 => {
-                let bs = meta.blksize() as usize;
-                tracing::debug!(path = %path.display(), block_size = bs, "no STATX_DIOALIGN; aligning to the file system block size");
-                Ok(Geometry {
-                    offset_align: bs,
-                    mem_align: bs,
-                    size: meta.len(),
-                    block_device: false,
-                })
-            }
-            _ => Err(Error::UnknownAlignment {
-                path: path.to_path_buf(),
-            }),
-        }
-    } else {
-        Err(Error::NotBlockOrFile {
-            path: path.to_path_buf(),
-        })
-    }
 }
 
 impl DirectWriter {

@@ -47,7 +47,8 @@ enum SlotBuf {
 #[derive(Debug)]
 struct Slot {
     tag: u64,
-    /// What was asked and how much is done; the judge updates it.
+    /// What was asked (`len` is the buffer's length) and how much is done; only
+    /// `done` (at most `len`) and `again` change after the slot is filled.
     p: Progress,
     buf: SlotBuf,
     /// A result to report instead of the device's (fault injection); the request is
@@ -311,7 +312,9 @@ impl Ring {
             .is_some_and(|s| s.injected.is_none() && self.fixed_index(s).is_some());
         loop {
             // SAFETY: the entry points into slot `idx`'s buffer, at most `len - done`
-            // bytes from `addr + done`, inside that buffer. The buffer stays valid until
+            // bytes from `addr + done`, inside that buffer (`len` is the buffer's length,
+            // set when the slot was filled; `done <= len`, which `drain` enforces on what
+            // the judge returns). The buffer stays valid until
             // the entry's completion is reaped: an owned buffer lives in the slot, which
             // is only emptied when its CQE is processed (or leaked by Drop if draining
             // fails); a borrowed buffer belongs to a blocking call that does not return
@@ -432,7 +435,14 @@ impl Ring {
                 continue;
             };
             let res = s.injected.take().unwrap_or(res);
-            let outcome = match judge.judge(&mut s.p, res, observed) {
+            // The judge works on a copy: the slot keeps the request as submitted and
+            // takes back only the progress, bounded by the request's length (the SQEs
+            // built from it must stay inside the buffer).
+            let mut p = s.p;
+            let next = judge.judge(&mut p, res, observed);
+            s.p.done = p.done.min(s.p.len);
+            s.p.again = p.again;
+            let outcome = match next {
                 Next::Resubmit => match self.push(idx) {
                     Ok(()) => continue,
                     // The rest never reached the ring: finish the request with the
