@@ -1059,6 +1059,69 @@ mod tests {
         eio_among_queued_writes(false);
     }
 
+    /// A fence probe is caller code: if it panics while a blocking write's request may
+    /// be in the kernel, the process aborts instead of unwinding past the caller's
+    /// buffer (which the caller could then free under the kernel). Run in a child
+    /// process, which must die of SIGABRT.
+    #[test]
+    fn a_panicking_probe_during_a_blocking_write_aborts() {
+        const CHILD: &str = "BLOCKIO_PANICKING_PROBE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            #[derive(Debug)]
+            struct Panics;
+            impl FenceProbe for Panics {
+                fn probe(&self) -> std::result::Result<FenceVerdict, crate::ProbeError> {
+                    panic!("the fence probe panicked");
+                }
+            }
+            let (_d, path) = temp_file();
+            let opts = Options::default()
+                .engine(EngineKind::IoUring)
+                .fence_probe(Arc::new(Panics));
+            let mut w = DirectWriter::open(&path, opts).expect("open");
+            let buf = filled(&w, w.alignment(), 0x66);
+            w.inject_completion(-libc::EIO);
+            let _ = w.write_at(&buf, 0);
+            return;
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "writer::tests::a_panicking_probe_during_a_blocking_write_aborts",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the child");
+        // Without the guard the child does not die: the unwound request's completion
+        // was consumed, so draining the ring on drop waits for it forever.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().expect("wait for the child").is_none() {
+            if Instant::now() > deadline {
+                child.kill().expect("kill the child");
+                let out = child.wait_with_output().expect("child output");
+                panic!(
+                    "the child hung instead of aborting: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("child output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGABRT),
+            "{:?}: {stderr}",
+            out.status
+        );
+        assert!(stderr.contains("aborting to stay memory-safe"), "{stderr}");
+    }
+
     #[test]
     fn registered_buffers_are_lent_returned_and_used() {
         let (_d, path) = temp_file();

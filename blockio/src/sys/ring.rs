@@ -563,10 +563,14 @@ impl Ring {
             self.release_slot(idx);
             return Err(e);
         }
+        // The judge runs caller code (a fence probe): if it panics, unwinding must not
+        // leave this call while the kernel may still use the caller's buffer.
+        let unwinding = AbortOnUnwind;
         let mut failures = 0u32;
         loop {
             if let Some(result) = self.slots[idx].as_mut().and_then(|s| s.finished.take()) {
                 self.release_slot(idx);
+                std::mem::forget(unwinding);
                 return result;
             }
             let waited = self.enter(1).and_then(|_| self.drain(ready, judge));
@@ -650,5 +654,19 @@ struct Discard;
 impl Judge for Discard {
     fn judge(&mut self, _: &mut Progress, _: i32, _: Instant) -> Next {
         Next::Finish(Err(Error::Closed))
+    }
+}
+
+/// Armed while a blocking call's request may be in the kernel; dropped only by
+/// unwinding, and then aborts: returning would let the caller's buffer be freed under a
+/// live request.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        eprintln!(
+            "blockio: a panic while a request on a caller's buffer was in flight; aborting to stay memory-safe"
+        );
+        std::process::abort();
     }
 }
