@@ -94,10 +94,10 @@ fn answer_lost(op: &'static str) -> StoreError {
 }
 
 /// An injected fault as a store error (the step's etcd request was never sent).
-fn fault_error(what: String) -> StoreError {
+fn fault_error(e: crate::fault::FaultInjected) -> StoreError {
     StoreError::Malformed {
         key: "fail point".into(),
-        what,
+        what: e.to_string(),
     }
 }
 
@@ -372,18 +372,27 @@ impl<S: FenceStore> Controller<S> {
         claiming: Instant,
     ) -> Result<Confirmation, StepFailure> {
         let failed = |step, failure| StepFailure { step, failure };
-        let lose = fault(FenceStep::Sever)
-            .await
-            .map_err(|what| failed(FenceStep::Sever, FenceFailure::Injected { what }))?;
+        let lose = fault(FenceStep::Sever).await.map_err(|m| {
+            failed(
+                FenceStep::Sever,
+                FenceFailure::Injected {
+                    what: m.to_string(),
+                },
+            )
+        })?;
         let held = claiming.elapsed();
         if let Err(failure) = check_claim_age(held, self.store.claim_ttl()) {
             tracing::warn!(step = "sever", node = %victim.node, claimed_ago = ?held, claim_ttl = ?self.store.claim_ttl(), "claim may have expired: not severing");
             return Err(failed(FenceStep::Sever, failure));
         }
-        let r = fencer
-            .fence(victim)
-            .await
-            .map_err(|e| failed(e.step, FenceFailure::Fencer { message: e.message }));
+        let r = fencer.fence(victim).await.map_err(|e| {
+            failed(
+                e.step,
+                FenceFailure::Fencer {
+                    message: e.cause.to_string(),
+                },
+            )
+        });
         if lose {
             return r.and_then(|_| {
                 Err(failed(

@@ -7,7 +7,9 @@
 //! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
-//! - `ebs` (cargo feature `ebs`): the EBS force-detach fencer and fencing levels.
+//! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
+//!   feature `ebs`, also reachable as `fenced::ebs`) EBS fencers.
+//! - [`fault`]: the `fence::<step>` fail points (cargo feature `failpoints`).
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
@@ -15,8 +17,7 @@ pub mod agent;
 pub mod clock;
 pub mod controller;
 pub mod core;
-#[cfg(feature = "ebs")]
-pub mod ebs;
+pub mod fault;
 pub mod fencer;
 pub mod guard;
 pub mod keys;
@@ -24,4 +25,6 @@ pub mod node;
 pub mod ports;
 pub mod store;
 
+#[cfg(feature = "ebs")]
+pub use fencer::ebs;
 pub use node::NodeId;
