@@ -2,8 +2,8 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
-//! - [`ports`]: the narrow store trait of the controller's fence path, for etcd and
-//!   in memory (unit tests of the controller's logic).
+//! - [`ports`]: the narrow store traits of the controller's fence path and the agent's
+//!   leave, for etcd and in memory (unit tests of their logic).
 //! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
