@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use fenced::NodeId;
+use fenced::agent::OnFenceConfig;
 use fenced::fencer::PreemptMode;
 use fenced::node::InvalidNodeId;
 use serde::Deserialize;
@@ -141,6 +142,14 @@ pub struct Layer {
     /// keepalive stream and fails requests in flight).
     #[arg(long, env = "FENCED_ETCD_KEEPALIVE_TIMEOUT_SECS")]
     etcd_keepalive_timeout_secs: Option<u64>,
+    /// What to do when this node self-fences or finds its key preempted: `exit`
+    /// (default), `reboot` (SysRq b at once) or `exec:COMMAND` (run it, e.g. to stop
+    /// the application, then exit). README "Operating it" says which to use when.
+    #[arg(long, env = "FENCED_ON_FENCE")]
+    on_fence: Option<String>,
+    /// How long an `exec:` on-fence hook may run before it is killed (default 30).
+    #[arg(long, env = "FENCED_ON_FENCE_TIMEOUT_SECS")]
+    on_fence_timeout_secs: Option<u64>,
 }
 
 /// `fenced run`'s flags: the etcd address, the settings layer, and the flags that
@@ -160,6 +169,14 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     pub log_json: bool,
+    /// For tests only: read this host's boot id from this file instead of
+    /// /proc/sys/kernel/random/boot_id (a test "reboots" by changing it).
+    #[arg(long, env = "FENCED_BOOT_ID_FILE")]
+    pub boot_id_file: Option<PathBuf>,
+    /// For tests only: the magic SysRq file `--on-fence reboot` writes `b` to, instead
+    /// of /proc/sysrq-trigger (a test points it at a temporary file).
+    #[arg(long, env = "FENCED_SYSRQ_TRIGGER_FILE")]
+    pub sysrq_trigger_file: Option<PathBuf>,
 }
 
 /// A configuration that cannot be used; each says which setting and what to change.
@@ -207,6 +224,9 @@ pub enum ConfigError {
     /// EBS settings in a build without the fencer.
     #[error("this fenced was built without the EBS fencer: rebuild with `--features ebs`")]
     EbsNotBuilt,
+    /// `--on-fence` is not `exit`, `reboot` or `exec:COMMAND`.
+    #[error(transparent)]
+    OnFence(#[from] fenced::agent::on_fence::InvalidOnFence),
 }
 
 /// Reads the TOML config file (`None`: no file, an empty layer). Unknown keys and
@@ -314,6 +334,10 @@ pub struct Settings {
     pub seed_arenas: Option<Vec<String>>,
     pub pid_file: Option<PathBuf>,
     pub log_json: bool,
+    /// What to do on a self-fence.
+    pub on_fence: OnFenceConfig,
+    /// Where this boot's id is read.
+    pub boot_id_file: PathBuf,
 }
 
 impl Settings {
@@ -323,6 +347,7 @@ impl Settings {
     pub fn resolve(cli: &RunArgs, file: Layer) -> Result<Self, ConfigError> {
         let etcd = EtcdSettings::resolve(&cli.etcd, &file);
         let l = cli.settings.clone();
+        let on_fence = on_fence_config(cli, &l, &file)?;
         let pick = |c: Option<u64>, f: Option<u64>| c.or(f);
         let node_id = l
             .node_id
@@ -381,8 +406,28 @@ impl Settings {
             seed_arenas: cli.seed_arenas.clone(),
             pid_file: cli.pid_file.clone(),
             log_json: cli.log_json,
+            on_fence,
+            boot_id_file: cli
+                .boot_id_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(fenced::agent::BOOT_ID_FILE)),
         })
     }
+}
+
+/// `--on-fence`, its hook timeout and (tests only) the SysRq file.
+fn on_fence_config(cli: &RunArgs, l: &Layer, file: &Layer) -> Result<OnFenceConfig, ConfigError> {
+    let mut c = OnFenceConfig::default();
+    if let Some(a) = l.on_fence.as_ref().or(file.on_fence.as_ref()) {
+        c.action = a.parse()?;
+    }
+    if let Some(t) = l.on_fence_timeout_secs.or(file.on_fence_timeout_secs) {
+        c.hook_timeout = Duration::from_secs(t);
+    }
+    if let Some(p) = &cli.sysrq_trigger_file {
+        c.sysrq_trigger.clone_from(p);
+    }
+    Ok(c)
 }
 
 /// The fencer's requirements: NVMe needs a device; EBS needs a volume (and the `ebs`

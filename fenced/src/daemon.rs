@@ -19,6 +19,9 @@ use crate::config::{EbsSettings, EtcdSettings, FencerKind, Settings};
 pub const EXIT_SELF_FENCED: u8 = 3;
 /// Exit code of a leave that could not complete (peers will fence).
 pub const EXIT_LEAVE_INCOMPLETE: u8 = 4;
+/// Exit code of a start refused because this node was fenced since its last join and
+/// the host has not rebooted (nothing written to etcd, no device command).
+pub const EXIT_FENCED_SAME_BOOT: u8 = 5;
 /// Longest pause between two attempts to reach etcd.
 const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -86,6 +89,11 @@ pub enum DaemonError {
     Agent {
         #[source]
         source: AgentError,
+    },
+    #[error("{source}")]
+    BootId {
+        #[source]
+        source: fenced::agent::boot::BootIdError,
     },
     #[error("cannot write pid file {}: {source}", path.display())]
     PidFile {
@@ -224,6 +232,13 @@ async fn with_ebs(
     Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
 }
 
+/// A start refused by the restart rule: the message, and exit status 5.
+fn fenced_same_boot(e: &fenced::agent::FencedSameBoot) -> ExitCode {
+    tracing::error!(step = "restart_check", node = %e.node, generation = e.generation, joined_generation = e.joined_generation, "refusing to register: fenced since the last join, same boot");
+    eprintln!("fenced: {e}");
+    ExitCode::from(EXIT_FENCED_SAME_BOOT)
+}
+
 /// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences.
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
@@ -239,6 +254,19 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         store_opts.keepalive_timeout = t;
     }
     let store = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout).await?;
+    let node = s.node;
+    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
+    // The restart rule, before this daemon writes anything (see fenced::agent::boot).
+    cfg.boot_id = Some(
+        fenced::agent::read_boot_id(&s.boot_id_file)
+            .map_err(|source| DaemonError::BootId { source })?,
+    );
+    cfg.on_fence = s.on_fence;
+    match Agent::check_restart(&store, &cfg).await {
+        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+        Err(source) => return Err(DaemonError::Agent { source }),
+        Ok(_) => {}
+    }
     if let Some(arenas) = &s.seed_arenas {
         store
             .add_free_arenas(arenas)
@@ -252,15 +280,14 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         _ => None,
     };
     let fencer = with_ebs(nvme, &s.ebs, s.claim_ttl).await?;
-    let node = s.node;
-    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     cfg.ttl = s.ttl;
     cfg.self_fence_margin = s.self_fence_margin;
     cfg.arenas = s.arenas;
     cfg.watchdog_device = s.watchdog_device;
-    let agent = Agent::start(store.clone(), cfg, device, own_key)
-        .await
-        .map_err(|source| DaemonError::Agent { source })?;
+    let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
+        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+        r => r.map_err(|source| DaemonError::Agent { source })?,
+    };
     if let Some(p) = &s.pid_file {
         std::fs::write(p, format!("{}\n", std::process::id())).map_err(|source| {
             DaemonError::PidFile {

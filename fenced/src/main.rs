@@ -46,6 +46,10 @@ enum Cmd {
     Attest(ops::attest::AttestArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
     Leave(ops::leave::LeaveArgs),
+    /// Let a node fenced since its last join register again on its next start without
+    /// a reboot of its host (audited; refused while the node is a member). Only once
+    /// nothing on that host still writes the shared device.
+    Unfence(ops::unfence::UnfenceArgs),
 }
 
 /// Why a command failed; printed as one line `fenced: ...` with its causes.
@@ -88,6 +92,7 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
+        Cmd::Unfence(args) => ops::unfence::unfence(args).await?,
     })
 }
 

@@ -5,6 +5,7 @@ pub mod attest;
 pub mod leave;
 pub mod probe;
 pub mod status;
+pub mod unfence;
 
 use std::time::Duration;
 
@@ -41,6 +42,8 @@ pub enum OpError {
     Attest(#[from] attest::AttestError),
     #[error(transparent)]
     Leave(#[from] leave::LeaveError),
+    #[error(transparent)]
+    Unfence(#[from] unfence::UnfenceError),
 }
 
 impl OpError {

@@ -35,7 +35,7 @@ mod view;
 
 pub use error::StoreError;
 pub use fence::{ClaimGuard, ClaimRefusal, ClaimResult};
-pub use membership::Joined;
+pub use membership::{BootRecord, Joined, RestartState};
 pub use view::Status;
 
 use health::EndpointHealth;

@@ -1,0 +1,258 @@
+//! A restart does not unfence (issue 14, part 1): the `fenced` binary as child processes
+//! against a real etcd (`--fencer none`, no device). A node fenced since its last join
+//! whose daemon starts again on the same boot of its host is refused (exit status 5,
+//! nothing written to etcd); a new boot id (a reboot) or `fenced unfence` lets it join.
+//!
+//! The boot id is read from `FENCED_BOOT_ID_FILE` (a test-only override of
+//! /proc/sys/kernel/random/boot_id): every daemon here runs on one machine, and a test
+//! "reboots" a node's host by writing a new id into its file.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::etcd::Etcd;
+
+const ROOT: &str = "/restart";
+
+fn fenced() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fenced"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn boot_file(dir: &Path, node: &str) -> PathBuf {
+    dir.join(format!("{node}.boot_id"))
+}
+
+/// Starts `fenced run` for `node`, its boot id read from `<dir>/<node>.boot_id`.
+fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{node}.log")))
+        .unwrap();
+    Daemon(
+        fenced()
+            .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
+            .args(["--etcd-endpoints", &etcd.endpoint()])
+            .args(["--ttl-secs", "2", "--sweep-secs", "1"])
+            .args(["--instance-id", &format!("i-{node}")])
+            .arg("--pid-file")
+            .arg(dir.join(format!("{node}.pid")))
+            .env("FENCED_BOOT_ID_FILE", boot_file(dir, node))
+            .env("FENCED_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Starts `node` and expects it to exit within 20 s (a refused start): its status and
+/// log. A daemon still running then joined instead: the test fails.
+fn refused_start(etcd: &Etcd, node: &str, dir: &Path) -> (ExitStatus, String) {
+    let log = dir.join(format!("{node}.log"));
+    let before = std::fs::read_to_string(&log).map_or(0, |s| s.len());
+    let mut d = daemon(etcd, node, dir);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = d.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{node}'s daemon is still running: it started instead of being refused; members: {}",
+            status(etcd)["members"]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    (status, text[before..].to_owned())
+}
+
+fn status(etcd: &Etcd) -> serde_json::Value {
+    let o = fenced()
+        .args(["status", "-o", "json", "--root", ROOT])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn generation(etcd: &Etcd, node: &str) -> Option<u64> {
+    status(etcd)["generations"]
+        .as_array()?
+        .iter()
+        .find(|p| p[0] == node)
+        .and_then(|p| p[1].as_u64())
+}
+
+fn is_member(etcd: &Etcd, node: &str) -> bool {
+    status(etcd)["members"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|e| e == node || e[0] == node))
+}
+
+fn wait(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn etcdctl(etcd: &Etcd, args: &[&str]) -> String {
+    let o = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.endpoint()])
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian etcd-client)");
+    assert!(o.status.success(), "etcdctl {args:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The store's revision and every key under the root with its value.
+fn dump(etcd: &Etcd) -> (i64, String) {
+    let v: serde_json::Value =
+        serde_json::from_str(&etcdctl(etcd, &["get", ROOT, "--prefix", "-w", "json"])).unwrap();
+    (
+        v["header"]["revision"].as_i64().unwrap(),
+        v["kvs"].to_string(),
+    )
+}
+
+fn unfence(etcd: &Etcd, node: &str, reason: &str) -> Output {
+    fenced()
+        .args(["unfence", "--root", ROOT, "--node-id", node])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .args(["--reason", reason, "--operator", "alice"])
+        .output()
+        .unwrap()
+}
+
+fn leave(dir: &Path, node: &str, mut d: Daemon) {
+    let o = fenced()
+        .args(["leave", "--pid-file"])
+        .arg(dir.join(format!("{node}.pid")))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(d.0.wait().unwrap().success());
+}
+
+#[test]
+fn a_fenced_node_restarted_on_the_same_boot_is_refused_until_reboot_or_unfence() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::write(boot_file(dir, "n1"), "boot-n1\n").unwrap();
+    std::fs::write(boot_file(dir, "n3"), "boot-a\n").unwrap();
+    let d1 = daemon(&etcd, "n1", dir);
+    let mut d3 = daemon(&etcd, "n3", dir);
+    wait("n1 and n3 members", || {
+        is_member(&etcd, "n1") && is_member(&etcd, "n3")
+    });
+    // The join recorded n3's boot.
+    let boot = etcdctl(&etcd, &["get", "/restart/boot/n3", "--print-value-only"]);
+    let boot: serde_json::Value = serde_json::from_str(boot.trim()).unwrap();
+    assert_eq!(
+        boot,
+        serde_json::json!({"boot_id": "boot-a", "generation": 0, "by": "join"})
+    );
+
+    // n3's daemon dies (its host stays up, its application may still run): fenced.
+    d3.0.kill().unwrap();
+    d3.0.wait().unwrap();
+    wait("n3 fenced", || generation(&etcd, "n3") == Some(1));
+
+    // Unfence is refused for a member and for a node that never existed.
+    let o = unfence(&etcd, "n1", "testing");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("refusing to unfence n1: it is a member"),
+        "{}",
+        stderr(&o)
+    );
+    let o = unfence(&etcd, "ghost", "testing");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no such node"), "{}", stderr(&o));
+
+    // Nothing else writes etcd from here: n1 leaves (a clean leave, no fence).
+    leave(dir, "n1", d1);
+    let before = dump(&etcd);
+
+    // n3's daemon starts again on the same boot: refused, exit 5, etcd untouched.
+    let (st, log) = refused_start(&etcd, "n3", dir);
+    assert_eq!(st.code(), Some(5), "{log}");
+    assert!(
+        log.contains("n3 was fenced since its last join (generation 0 at join, now 1)"),
+        "{log}"
+    );
+    assert!(log.contains("Reboot the host"), "{log}");
+    assert!(
+        log.contains("fenced unfence --node-id n3 --reason"),
+        "{log}"
+    );
+    assert_eq!(dump(&etcd), before, "a refused start changed etcd");
+
+    // n1 left cleanly (never fenced): it starts again on the same boot.
+    let _d1 = daemon(&etcd, "n1", dir);
+    wait("n1 member again", || is_member(&etcd, "n1"));
+
+    // The operator unfences n3 (audited, reason verbatim); its next start joins.
+    let reason = "app on host3 stopped by hand; checked no writer left";
+    let o = unfence(&etcd, "n3", reason);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let audit = etcdctl(
+        &etcd,
+        &[
+            "get",
+            "--prefix",
+            "/restart/audit/n3/",
+            "--print-value-only",
+        ],
+    );
+    assert!(
+        audit.contains(&format!("\"reason\":\"{reason}\"")),
+        "{audit}"
+    );
+    assert!(audit.contains("\"operator\":\"alice\""), "{audit}");
+    assert!(audit.contains("\"action\":\"unfence\""), "{audit}");
+    let mut d3 = daemon(&etcd, "n3", dir);
+    wait("n3 member after unfence", || is_member(&etcd, "n3"));
+    // A member cannot be unfenced.
+    let o = unfence(&etcd, "n3", "testing");
+    assert!(stderr(&o).contains("it is a member"), "{}", stderr(&o));
+
+    // Fenced again: the unfence was for one fence only.
+    d3.0.kill().unwrap();
+    d3.0.wait().unwrap();
+    wait("n3 fenced again", || generation(&etcd, "n3") == Some(2));
+    let (st, log) = refused_start(&etcd, "n3", dir);
+    assert_eq!(st.code(), Some(5), "{log}");
+    assert!(log.contains("(generation 1 at join, now 2)"), "{log}");
+
+    // A reboot of n3's host (a new boot id): it joins.
+    std::fs::write(boot_file(dir, "n3"), "boot-b\n").unwrap();
+    let _d3 = daemon(&etcd, "n3", dir);
+    wait("n3 member after reboot", || is_member(&etcd, "n3"));
+}
