@@ -40,6 +40,16 @@ fn boot_file(dir: &Path, node: &str) -> PathBuf {
 
 /// Starts `fenced run` for `node`, its boot id read from `<dir>/<node>.boot_id`.
 fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
+    daemon_with(etcd, node, dir, &[], &[])
+}
+
+fn daemon_with(
+    etcd: &Etcd,
+    node: &str,
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> Daemon {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -55,6 +65,8 @@ fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
             .arg(dir.join(format!("{node}.pid")))
             .env("FENCED_BOOT_ID_FILE", boot_file(dir, node))
             .env("FENCED_LOG", "info")
+            .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -255,4 +267,79 @@ fn a_fenced_node_restarted_on_the_same_boot_is_refused_until_reboot_or_unfence()
     std::fs::write(boot_file(dir, "n3"), "boot-b\n").unwrap();
     let _d3 = daemon(&etcd, "n3", dir);
     wait("n3 member after reboot", || is_member(&etcd, "n3"));
+}
+
+/// `--on-fence`: a daemon that self-fences (here: etcd stops answering, so its lease
+/// is not renewed) runs its hook, or reboots through SysRq `b`, then exits 3. The
+/// reboot is not real: `FENCED_SYSRQ_TRIGGER_FILE` (test-only) points it at a file.
+#[test]
+fn on_fence_runs_the_hook_or_requests_the_reboot_then_exits_3() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    for n in ["n1", "n2", "n3"] {
+        std::fs::write(boot_file(dir, n), format!("boot-{n}\n")).unwrap();
+    }
+    let marker = dir.join("hook-ran");
+    let hook = format!(
+        "exec:echo \"$FENCED_NODE_ID $FENCED_GENERATION $FENCED_FENCE_REASON\" > {}",
+        marker.display()
+    );
+    let sysrq = dir.join("sysrq-trigger");
+    std::fs::write(&sysrq, "").unwrap();
+    let mut d1 = daemon_with(&etcd, "n1", dir, &["--on-fence", &hook], &[]);
+    let mut d2 = daemon_with(
+        &etcd,
+        "n2",
+        dir,
+        &["--on-fence", "reboot"],
+        &[("FENCED_SYSRQ_TRIGGER_FILE", &sysrq)],
+    );
+    // The default: exit only.
+    let mut d3 = daemon(&etcd, "n3", dir);
+    wait("three members", || {
+        is_member(&etcd, "n1") && is_member(&etcd, "n2") && is_member(&etcd, "n3")
+    });
+    // etcd stops answering: no renewal, each daemon self-fences at 2 x TTL (4 s).
+    let etcd_pid = nix::unistd::Pid::from_raw(i32::try_from(etcd.pid()).unwrap());
+    nix::sys::signal::kill(etcd_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let exit = |d: &mut Daemon| {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = d.0.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no self-fence");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (s1, s2, s3) = (exit(&mut d1), exit(&mut d2), exit(&mut d3));
+    nix::sys::signal::kill(etcd_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let log = |n: &str| std::fs::read_to_string(dir.join(format!("{n}.log"))).unwrap();
+    assert_eq!(s1.code(), Some(3), "{}", log("n1"));
+    assert_eq!(s2.code(), Some(3), "{}", log("n2"));
+    assert_eq!(s3.code(), Some(3), "{}", log("n3"));
+    let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(
+        ran.starts_with("n1 0 lease not renewed"),
+        "hook: {ran:?}; {}",
+        log("n1")
+    );
+    assert!(
+        log("n1").contains("on-fence hook finished"),
+        "{}",
+        log("n1")
+    );
+    assert_eq!(
+        std::fs::read_to_string(&sysrq).unwrap(),
+        "b",
+        "{}",
+        log("n2")
+    );
+    assert!(
+        log("n2").contains("rebooting the host now (SysRq b)"),
+        "{}",
+        log("n2")
+    );
+    assert!(!log("n3").contains("on-fence"), "{}", log("n3"));
 }
