@@ -72,7 +72,9 @@ async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
         )
         .into());
     }
-    let generation: u64 = String::from_utf8(got(1).unwrap_or_default())?.trim().parse()?;
+    let generation: u64 = String::from_utf8(got(1).unwrap_or_default())?
+        .trim()
+        .parse()?;
     let guard = GenerationGuard::new(keys, &node, generation);
     println!("app_writer: {node} at generation {generation}");
 

@@ -46,12 +46,24 @@ has_key() { report | grep -q "${1#0x}"; }
 ectl() { etcdctl --endpoints $EP "$@"; }
 # n3's keys with their mod revisions (liveness included: n3 is not running).
 keys_n3() { ectl get --prefix $ROOT/ -w fields | awk '/^"Key"/{k=$3} /^"ModRevision"/{print k, $3}' | grep '/n3[/"]'; }
+# bounded SECONDS LOG CMD...: CMD's exit status, or 124 if it still ran after SECONDS
+# (then it is killed): a start that should be refused but joined must not hang the run.
+bounded() {
+  lim=$1; log=$2; shift 2
+  "$@" >"$log" 2>&1 &
+  bp=$!; start=$(t)
+  while kill -0 "$bp" 2>/dev/null; do
+    if awk "BEGIN{exit !($(t) - $start > $lim)}"; then kill "$bp"; wait "$bp"; return 124; fi
+    sleep 0.2
+  done
+  wait "$bp"
+}
 probe_c() { fenced probe --block-device "$C" --etcd-endpoints $EP --root $ROOT; }
 
 start() { # node dev [extra args...]
   node=$1; dev=$2; shift 2
   FENCED_BOOT_ID_FILE=/tmp/boot-$node fenced run --node-id "$node" --instance-id "guest-$node" \
-    --block-device "$dev" --fencer nvme --etcd-endpoints $EP --root $ROOT --ttl-secs 3 \
+    --block-device "$dev" --fencer nvme --etcd-endpoints $EP --root $ROOT --ttl-secs 5 \
     --sweep-secs 2 --claim-ttl-secs 30 --seed-arenas a1,a2,a3 --arenas 1 \
     --pid-file "/tmp/$node.pid" "$@" >>"/tmp/$node.log" 2>&1 &
   eval "PID_$node=$!"
@@ -103,9 +115,9 @@ has_key "$K3" && die "n3's key still registered after its fence"
 # 2. same boot: refused.
 before=$(keys_n3)
 T2=$(t)
-FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 --instance-id guest-n3 --block-device "$C" \
-  --fencer nvme --etcd-endpoints $EP --root $ROOT --ttl-secs 3 --sweep-secs 2 \
-  --seed-arenas a1,a2,a3 --arenas 1 >/tmp/n3-refused.log 2>&1
+bounded 60 /tmp/n3-refused.log env FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 \
+  --instance-id guest-n3 --block-device "$C" --fencer nvme --etcd-endpoints $EP --root $ROOT \
+  --ttl-secs 5 --sweep-secs 2 --seed-arenas a1,a2,a3 --arenas 1
 rc=$?
 say "n3 restarted on the same boot: exit $rc after $(awk "BEGIN{print $(t)-$T2}")s"
 cat /tmp/n3-refused.log | grep '^fenced:'
@@ -137,8 +149,8 @@ G3=$(gen_of n3)
 say "SIGKILL n3"
 kill -KILL "$PID_n3"; wait "$PID_n3" 2>/dev/null
 until_ 60 "n3's second fence" bumped
-FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 --instance-id guest-n3 --block-device "$C" \
-  --fencer nvme --etcd-endpoints $EP --root $ROOT >/tmp/n3-refused.log 2>&1
+bounded 60 /tmp/n3-refused.log env FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 \
+  --instance-id guest-n3 --block-device "$C" --fencer nvme --etcd-endpoints $EP --root $ROOT
 rc=$?
 [ $rc = 5 ] || die "second restart on the same boot not refused with 5 (got $rc)"
 say "refused again (exit 5); new boot id for n3's host"
@@ -154,7 +166,7 @@ probe_c || die "n3 cannot write after a new boot id"
 A3=$(ectl get --prefix $ROOT/arena_node/n3/ --keys-only | sed -n "s|^$ROOT/arena_node/n3/||p" | head -n1)
 [ -n "$A3" ] || die "n3 owns no arena"
 mkfifo /tmp/watch.fifo
-ectl watch --prefix $ROOT/ >/tmp/watch.fifo 2>/dev/null &
+etcdctl --endpoints $EP watch --prefix $ROOT/ >/tmp/watch.fifo 2>/dev/null &
 WATCH=$!
 (while read -r line; do echo "$(t) $line"; done </tmp/watch.fifo >/tmp/watch.log) &
 READER=$!

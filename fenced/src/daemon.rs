@@ -253,14 +253,13 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     if let Some(t) = s.etcd_keepalive_timeout {
         store_opts.keepalive_timeout = t;
     }
+    let boot_id = fenced::agent::read_boot_id(&s.boot_id_file)
+        .map_err(|source| DaemonError::BootId { source })?;
     let store = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout).await?;
     let node = s.node;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     // The restart rule, before this daemon writes anything (see fenced::agent::boot).
-    cfg.boot_id = Some(
-        fenced::agent::read_boot_id(&s.boot_id_file)
-            .map_err(|source| DaemonError::BootId { source })?,
-    );
+    cfg.boot_id = Some(boot_id);
     cfg.on_fence = s.on_fence;
     match Agent::check_restart(&store, &cfg).await {
         Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),

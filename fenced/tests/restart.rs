@@ -343,3 +343,36 @@ fn on_fence_runs_the_hook_or_requests_the_reboot_then_exits_3() {
     );
     assert!(!log("n3").contains("on-fence"), "{}", log("n3"));
 }
+
+#[test]
+fn a_bad_on_fence_or_an_unreadable_boot_id_is_one_clear_line() {
+    let o = fenced()
+        .args([
+            "run",
+            "--fencer",
+            "none",
+            "--node-id",
+            "n1",
+            "--on-fence",
+            "halt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o).trim(),
+        "fenced: invalid --on-fence \"halt\": use exit, reboot or exec:COMMAND (a non-empty shell command)"
+    );
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", "n1"])
+        .env("FENCED_BOOT_ID_FILE", "/nonexistent/boot_id")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with("fenced: cannot read the boot id from /nonexistent/boot_id: No such file"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
