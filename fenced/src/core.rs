@@ -541,6 +541,10 @@ pub struct SweepSnapshot {
     pub claims: BTreeSet<NodeId>,
     /// `instance/<node>`: the instance id each node last joined with.
     pub instances: BTreeMap<NodeId, String>,
+    /// Nodes whose `gen/<node>` exists but does not decode. They stay known: a fence
+    /// is owed when one is not a member (it is then attempted and fails at the
+    /// generation read, never bumping, until the value is repaired).
+    pub unreadable_generations: BTreeSet<NodeId>,
 }
 
 /// Revisions the sweep decided from: the claim transaction compares them, which is the
@@ -586,6 +590,7 @@ pub fn plan_sweep(s: &SweepSnapshot) -> SweepPlan {
     let known: BTreeSet<&NodeId> = s
         .generations
         .keys()
+        .chain(&s.unreadable_generations)
         .chain(s.pending.keys())
         .chain(s.done.keys())
         .chain(s.departed.keys())
@@ -948,6 +953,21 @@ mod tests {
             }
         );
         assert_eq!(plan.fence[2].guard.departed_rev, 17);
+    }
+
+    #[test]
+    fn a_node_whose_generation_does_not_decode_is_still_owed_a_fence() {
+        let mut s = SweepSnapshot::default();
+        // n1: `gen/n1` is garbage and n1 is gone: owed (the fence then fails at the
+        // generation read and stays owed; it is never dropped from the sweep).
+        s.unreadable_generations.insert(n("n1"));
+        // n2: garbage generation but a live member: nothing to do.
+        s.unreadable_generations.insert(n("n2"));
+        s.members.insert(n("n2"), "i-2".into());
+        let plan = plan_sweep(&s);
+        let owed: Vec<_> = plan.fence.iter().map(|o| o.victim.node.as_str()).collect();
+        assert_eq!(owed, vec!["n1"]);
+        assert!(plan.drop_stale.is_empty());
     }
 
     #[test]

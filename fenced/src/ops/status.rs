@@ -47,6 +47,9 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
             println!("arenas:        {}", fmt_pairs(&s.arenas));
             println!("free arenas:   {}", s.free_arenas.join(" "));
             println!("audit records: {}", s.audit_records);
+            for m in &s.malformed {
+                println!("malformed:     {} ({}; {})", m.key, m.why, m.effect);
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

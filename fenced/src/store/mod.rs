@@ -36,7 +36,7 @@ mod view;
 pub use error::StoreError;
 pub use fence::{ClaimGuard, ClaimRefusal, ClaimResult};
 pub use membership::Joined;
-pub use view::Status;
+pub use view::{AuditEntry, MalformedRecord, Status, decode_audit};
 
 use health::EndpointHealth;
 
@@ -72,6 +72,9 @@ pub struct EtcdStore {
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
     /// Counts endpoints taken out of rotation ([`EtcdStore::endpoint_removals`]).
     removals: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Malformed records the sweep has logged (escaped key -> mod revision), so each
+    /// is logged once ([`view`]).
+    malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -99,15 +102,11 @@ fn count(resp: &TxnOpResponse) -> usize {
     }
 }
 
+/// A decimal value (generation, liveness stamp) read back from etcd.
 fn parse_u64(kv: &KeyValue) -> Result<u64> {
-    let key = String::from_utf8_lossy(kv.key()).into_owned();
-    let s = std::str::from_utf8(kv.value()).map_err(|e| StoreError::Malformed {
-        key: key.clone(),
+    crate::keys::decode_u64("decimal number", kv.value()).map_err(|e| StoreError::Malformed {
+        key: String::from_utf8_lossy(kv.key()).escape_debug().to_string(),
         what: e.to_string(),
-    })?;
-    s.trim().parse().map_err(|e| StoreError::Malformed {
-        key,
-        what: format!("{s:?}: {e}"),
     })
 }
 
@@ -239,6 +238,7 @@ impl EtcdStore {
             first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
             removals,
+            malformed_seen: Arc::default(),
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
