@@ -35,8 +35,12 @@ mod view;
 
 pub use error::StoreError;
 pub use fence::{ClaimGuard, ClaimRefusal, ClaimResult};
+pub use health::probe_endpoints;
 pub use membership::Joined;
-pub use view::{AuditEntry, MalformedRecord, Status, decode_audit};
+pub use view::{
+    AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
+    decode_audit, json_text,
+};
 
 use health::EndpointHealth;
 

@@ -82,6 +82,140 @@ pub struct Status {
     pub audit_records: usize,
     /// Records that do not decode, with what is done about them.
     pub malformed: Vec<MalformedRecord>,
+    /// The revision the read saw.
+    pub revision: i64,
+    /// One row per node any record names.
+    pub nodes: BTreeMap<String, NodeRow>,
+}
+
+/// One node as `fenced status` shows it: everything the records say about it, from
+/// the one read (stable JSON format: fenced/README.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeRow {
+    /// Holds membership (a live lease).
+    pub member: bool,
+    /// Its instance id: the membership's, else the one recorded at its last join.
+    pub instance: Option<String>,
+    /// Unix ms of the agent's last recorded lease renewal (`liveness/<node>`).
+    pub last_renewal_unix_ms: Option<u64>,
+    /// `gen/<node>` (`None`: absent or malformed, see `malformed`).
+    pub generation: Option<u64>,
+    /// A fence is owed: what the sweep would do now.
+    pub owed: Option<Owed>,
+    /// The controller holding a fence claim on it.
+    pub claim_holder: Option<String>,
+    /// It left a departure marker.
+    pub departed: bool,
+    /// `fence_done/<node>`: the generation its last completed fence bumped it to.
+    pub fenced_to: Option<u64>,
+    /// Its last completed fence (from the audit records).
+    pub last_fence: Option<FenceSummary>,
+    /// Failed fence attempts recorded, and the last one.
+    pub failed_attempts: usize,
+    /// The last failed attempt.
+    pub last_failure: Option<FenceSummary>,
+    /// Arenas it owns (the arena index).
+    pub arenas: Vec<String>,
+}
+
+/// An owed fence, as the sweep sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Owed {
+    /// Why (the sweep's reason).
+    pub why: String,
+    /// An intent (`fence_pending/<node>`) is recorded.
+    pub intent_recorded: bool,
+    /// A controller holds the claim: the fence is in progress there.
+    pub in_progress_by: Option<String>,
+    /// Owed since at least: the node's last recorded lease renewal (its lease expired
+    /// up to one TTL after). `None`: no renewal was ever recorded.
+    pub since_unix_ms: Option<u64>,
+}
+
+/// One fence attempt, from its audit record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FenceSummary {
+    /// Unix ms of the decision.
+    pub unix_ms: u64,
+    /// The controller.
+    pub by: String,
+    /// What started it.
+    pub trigger: String,
+    /// The fencer and its result.
+    pub fencer: String,
+    /// `confirmed`, `single_signal` or `failed: ...`.
+    pub result: String,
+    /// Generation before.
+    pub generation_before: u64,
+    /// Generation after.
+    pub generation_after: u64,
+}
+
+impl FenceSummary {
+    fn of(a: &AuditEntry) -> Self {
+        Self {
+            unix_ms: a.unix_ms,
+            by: a.fenced_by.clone(),
+            trigger: json_text(&a.trigger),
+            fencer: a.fencer.clone(),
+            result: a.fencer_result.clone(),
+            generation_before: a.generation_before,
+            generation_after: a.generation_after,
+        }
+    }
+}
+
+/// A JSON scalar as text (a string without its quotes).
+pub fn json_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// One audit record as read back: where it is and what it says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AuditItem {
+    /// Its key (escaped).
+    pub key: String,
+    /// The fenced node.
+    pub node: String,
+    /// A failed attempt (the key's `.failed.<ms>` suffix).
+    pub failed: bool,
+    /// The record.
+    pub record: AuditEntry,
+}
+
+/// The audit records under one prefix, as `fenced audit` shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AuditView {
+    /// The revision the read saw.
+    pub revision: i64,
+    /// Records that decode, in key order (per node, by generation).
+    pub records: Vec<AuditItem>,
+    /// Records that do not.
+    pub malformed: Vec<MalformedRecord>,
+}
+
+/// Decodes audit key-value pairs: the items, and the malformed ones into `bad`.
+fn audit_items(k: &Keys, kvs: &[KeyValue], bad: &mut Findings) -> Vec<AuditItem> {
+    let mut items = Vec::new();
+    for kv in kvs {
+        let decoded = k
+            .decode_audit_key(kv.key())
+            .and_then(|key| decode_audit(kv.value()).map(|a| (key, a)));
+        match decoded {
+            Ok((key, record)) => items.push(AuditItem {
+                key: escaped_key(kv.key()),
+                node: key.node.as_str().to_owned(),
+                failed: key.failed_unix_ms.is_some(),
+                record,
+            }),
+            Err(e) => bad.add(kv, &e, effect::VIEW),
+        }
+    }
+    items
 }
 
 /// Which views a read serves: the sweep's ranges, or those plus what only the
@@ -171,6 +305,8 @@ struct Decoded {
     done_generations: BTreeMap<NodeId, u64>,
     /// `fence_claim/<node>` holders.
     claim_holders: BTreeMap<NodeId, String>,
+    /// Arenas each node owns, by name (the well-formed ones).
+    arena_names: BTreeMap<NodeId, Vec<String>>,
     malformed: Vec<MalformedRecord>,
 }
 
@@ -182,6 +318,7 @@ impl KeySpace {
         let mut bad = Findings::default();
         let mut done_generations = BTreeMap::new();
         let mut claim_holders = BTreeMap::new();
+        let mut arena_names: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
         for kv in &self.generations {
             let Some(n) = bad.node(k, &k.generation_prefix(), kv) else {
                 continue;
@@ -229,8 +366,9 @@ impl KeySpace {
             match k.decode_arena_node_key(kv.key()) {
                 Err(e) => bad.add(kv, &e, effect::KEY),
                 Ok((n, arena)) => {
-                    if let Err(e) = arena {
-                        bad.add(kv, &e, effect::ARENA);
+                    match arena {
+                        Ok(a) => arena_names.entry(n.clone()).or_default().push(a),
+                        Err(e) => bad.add(kv, &e, effect::ARENA),
                     }
                     *s.arenas.entry(n).or_default() += 1;
                 }
@@ -257,14 +395,15 @@ impl KeySpace {
             snapshot: s,
             done_generations,
             claim_holders,
+            arena_names,
             malformed: bad.0,
         }
     }
 
     /// The operator's view: the records as they decode, and those that do not.
     fn status(&self, k: &Keys) -> Status {
-        let d = self.decode(k);
-        let mut bad = Findings(d.malformed);
+        let mut d = self.decode(k);
+        let mut bad = Findings(std::mem::take(&mut d.malformed));
         let s = &d.snapshot;
         let name = |n: &NodeId| n.as_str().to_owned();
         let mut arenas = Vec::new();
@@ -283,21 +422,19 @@ impl KeySpace {
                 Err(e) => bad.add(kv, &e, effect::VIEW),
             }
         }
+        let mut liveness = BTreeMap::new();
         for kv in &self.liveness {
-            if bad.node(k, &k.liveness_prefix(), kv).is_some()
-                && let Err(e) = decode_u64("Unix millisecond time", kv.value())
-            {
-                bad.add(kv, &e, effect::VIEW);
+            if let Some(n) = bad.node(k, &k.liveness_prefix(), kv) {
+                match decode_u64("Unix millisecond time", kv.value()) {
+                    Ok(ms) => {
+                        liveness.insert(n, ms);
+                    }
+                    Err(e) => bad.add(kv, &e, effect::VIEW),
+                }
             }
         }
-        for kv in &self.audits {
-            if let Err(e) = k
-                .decode_audit_key(kv.key())
-                .and_then(|_| decode_audit(kv.value()).map(drop))
-            {
-                bad.add(kv, &e, effect::VIEW);
-            }
-        }
+        let audits = audit_items(k, &self.audits, &mut bad);
+        let nodes = rows(&d, &liveness, &audits);
         Status {
             members: s
                 .members
@@ -325,8 +462,96 @@ impl KeySpace {
             free_arenas,
             audit_records: self.audit_records.max(self.audits.len()),
             malformed: bad.0,
+            revision: self.revision,
+            nodes,
         }
     }
+}
+
+/// One row per node any record names: the sweep's plan says which fences are owed and
+/// why, the audit records which fences happened.
+fn rows(
+    d: &Decoded,
+    liveness: &BTreeMap<NodeId, u64>,
+    audits: &[AuditItem],
+) -> BTreeMap<String, NodeRow> {
+    let s = &d.snapshot;
+    let mut rows: BTreeMap<String, NodeRow> = BTreeMap::new();
+    fn row<'a>(rows: &'a mut BTreeMap<String, NodeRow>, n: &NodeId) -> &'a mut NodeRow {
+        rows.entry(n.as_str().to_owned()).or_default()
+    }
+    for n in s.generations.keys().chain(&s.unreadable_generations) {
+        row(&mut rows, n).generation = s.generations.get(n).map(|g| g.0);
+    }
+    for (n, i) in &s.members {
+        let r = row(&mut rows, n);
+        r.member = true;
+        r.instance = Some(i.clone()).filter(|i| !i.is_empty());
+    }
+    for (n, i) in &s.instances {
+        let r = row(&mut rows, n);
+        if r.instance.is_none() {
+            r.instance = Some(i.clone()).filter(|i| !i.is_empty());
+        }
+    }
+    for n in s.pending.keys().chain(s.done.keys()).chain(s.claims.iter()) {
+        row(&mut rows, n);
+    }
+    for n in s.departed.keys() {
+        row(&mut rows, n).departed = true;
+    }
+    for (n, g) in &d.done_generations {
+        row(&mut rows, n).fenced_to = Some(*g);
+    }
+    for (n, h) in &d.claim_holders {
+        row(&mut rows, n).claim_holder = Some(h.clone()).filter(|h| !h.is_empty());
+    }
+    for (n, a) in &d.arena_names {
+        row(&mut rows, n).arenas = a.clone();
+    }
+    for (n, ms) in liveness {
+        row(&mut rows, n).last_renewal_unix_ms = Some(*ms);
+    }
+    let plan = crate::core::plan_sweep(s);
+    let owed = plan
+        .fence
+        .iter()
+        .map(|o| (&o.victim.node, o.reason.clone()))
+        .chain(
+            plan.claimed
+                .iter()
+                .map(|n| (n, "claimed: a fence is in progress".to_owned())),
+        );
+    for (n, why) in owed {
+        let since = liveness.get(n).copied();
+        let r = row(&mut rows, n);
+        r.owed = Some(Owed {
+            why,
+            intent_recorded: s.pending.contains_key(n),
+            in_progress_by: r.claim_holder.clone(),
+            since_unix_ms: since,
+        });
+    }
+    for a in audits {
+        let r = rows.entry(a.node.clone()).or_default();
+        let summary = FenceSummary::of(&a.record);
+        if a.failed {
+            r.failed_attempts += 1;
+            if r.last_failure
+                .as_ref()
+                .is_none_or(|l| l.unix_ms <= summary.unix_ms)
+            {
+                r.last_failure = Some(summary);
+            }
+        } else if r
+            .last_fence
+            .as_ref()
+            .is_none_or(|l| l.generation_after <= summary.generation_after)
+        {
+            r.last_fence = Some(summary);
+        }
+    }
+    rows
 }
 
 /// An audit record as `fenced audit` reads it back: the fields fenced writes (see
@@ -482,6 +707,27 @@ impl EtcdStore {
             .key_space("status", Scope::Status)
             .await?
             .status(&self.keys))
+    }
+
+    /// The audit records (of `node`, or all), decoded, in one range read.
+    pub async fn audit_view(&self, node: Option<&NodeId>) -> Result<AuditView> {
+        self.rt();
+        let p = match node {
+            Some(n) => format!("{}{n}/", self.keys.audit_prefix()),
+            None => self.keys.audit_prefix(),
+        };
+        let r = self
+            .client()
+            .get(p, prefix())
+            .await
+            .map_err(|e| StoreError::classify("audit", e))?;
+        let mut bad = Findings::default();
+        let records = audit_items(&self.keys, r.kvs(), &mut bad);
+        Ok(AuditView {
+            revision: r.header().map_or(0, |h| h.revision()),
+            records,
+            malformed: bad.0,
+        })
     }
 
     /// Audit records of `node` (JSON), oldest first.
