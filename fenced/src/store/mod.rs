@@ -114,8 +114,11 @@ fn parse_u64(kv: &KeyValue) -> Result<u64> {
     })
 }
 
+/// An id read back as text (a claim holder, an intent's instance id). A value that is
+/// not one is returned quoted and escaped, so it reaches no log raw and no fencer
+/// takes it for an id (the EBS fencer refuses anything but an EC2 id).
 fn text(kv: &KeyValue) -> String {
-    String::from_utf8_lossy(kv.value()).into_owned()
+    crate::keys::decode_id_text("id", kv.value()).unwrap_or_else(|_| crate::keys::shown(kv.value()))
 }
 
 fn revision(resp: &TxnResponse) -> i64 {
