@@ -641,6 +641,8 @@ mod tests {
                         }
                     }
                 }
+                let s = shown(&v);
+                prop_assert!(!s.contains('\n') && s.len() < 300, "{}", s);
                 if let Ok(n) = decode_u64("generation", &v) {
                     prop_assert_eq!(decode_u64("generation", n.to_string().as_bytes()), Ok(n));
                 }

@@ -187,3 +187,68 @@ pub fn text(s: &Status, now_ms: u64) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use fenced::store::{FenceSummary, Owed};
+
+    use super::*;
+
+    /// The JSON document is a documented, versioned format (fenced/README.md, "Stable
+    /// JSON"): renaming or dropping a field must fail here and bump the version.
+    #[test]
+    fn json_fields_are_the_documented_ones() {
+        let fence = FenceSummary {
+            unix_ms: 1,
+            by: "c1".into(),
+            trigger: "sweep".into(),
+            fencer: "nvme".into(),
+            result: "confirmed".into(),
+            generation_before: 0,
+            generation_after: 1,
+        };
+        let row = NodeRow {
+            owed: Some(Owed {
+                why: "w".into(),
+                intent_recorded: true,
+                in_progress_by: None,
+                since_unix_ms: Some(1),
+            }),
+            last_fence: Some(fence.clone()),
+            last_failure: Some(fence),
+            ..NodeRow::default()
+        };
+        let mut s = Status::default();
+        s.nodes.insert("n1".into(), row);
+        let doc = json(&s, 5);
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k.join(" ")
+        };
+        assert_eq!(doc["version"], 1);
+        assert_eq!(
+            keys(&doc),
+            "arena_owners audit_records free_arenas malformed nodes read_at_unix_ms revision version"
+        );
+        let n1 = &doc["nodes"]["n1"];
+        assert_eq!(
+            keys(n1),
+            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms member owed"
+        );
+        assert_eq!(
+            keys(&n1["owed"]),
+            "in_progress_by intent_recorded since_unix_ms why"
+        );
+        assert_eq!(
+            keys(&n1["last_fence"]),
+            "by fencer generation_after generation_before result trigger unix_ms"
+        );
+        let text = text(&s, 5);
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with("n1 ") && l.contains("OWED")),
+            "{text}"
+        );
+    }
+}
