@@ -12,6 +12,7 @@ use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, Re
 use tokio::sync::Notify;
 
 use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
+use crate::core_attest::LivenessRecord;
 use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
@@ -189,6 +190,8 @@ impl Drop for Agent {
 
 /// Keeps `lease` alive from the moment it is granted (a slow start must not let it
 /// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone.
+/// After each renewal it records `liveness/<node>` (the lease, its TTL and the
+/// self-fence `margin`: `fenced attest` asks etcd about the lease).
 ///
 /// "When" is the time the renewing request was *sent*: etcd renewed the lease at or
 /// after that instant, so the self-fence margin measured from it never overestimates
@@ -206,6 +209,7 @@ fn spawn_keepalive(
     node: NodeId,
     lease: i64,
     ttl: Duration,
+    margin: Duration,
 ) -> (
     tokio::task::JoinHandle<()>,
     tokio::sync::watch::Receiver<(Instant, i64)>,
@@ -272,8 +276,14 @@ fn spawn_keepalive(
                         // Best effort, and bounded: a put balanced onto a member that
                         // stopped answering would hold the next renewal for the whole
                         // request timeout (5 s), past a short lease's expiry.
+                        let record = LivenessRecord {
+                            lease,
+                            ttl_ms: millis(ttl),
+                            margin_ms: millis(margin),
+                            unix_ms: unix_ms(),
+                        };
                         let _ =
-                            tokio::time::timeout(renew_every, store.put_liveness(&node, unix_ms()))
+                            tokio::time::timeout(renew_every, store.put_liveness(&node, &record))
                                 .await;
                     }
                 }
@@ -345,6 +355,10 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 fn dev<T>(step: &'static str, r: nvme_resv::Result<T>) -> Result<T, AgentError> {
     r.map_err(|source| AgentError::Device { step, source })
 }
@@ -377,8 +391,13 @@ impl Agent {
         };
         let lease = store.grant(cfg.ttl).await?;
         let granted_at = Instant::now();
-        let (keepalive, renewals) =
-            spawn_keepalive(store.clone(), cfg.node.clone(), lease, cfg.ttl);
+        let (keepalive, renewals) = spawn_keepalive(
+            store.clone(),
+            cfg.node.clone(),
+            lease,
+            cfg.ttl,
+            cfg.self_fence_margin,
+        );
         let t0 = Instant::now();
         let joined = loop {
             if let Some(j) = store.join(&cfg.node, &cfg.instance, lease).await? {

@@ -2,6 +2,9 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
+//! - [`core_attest`]: the rule of `fenced attest` (an operator-attested fence), as
+//!   pure as [`core`]: known node, membership, fence in progress, already fenced,
+//!   liveness judged by etcd's clock.
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
@@ -13,6 +16,7 @@
 pub mod agent;
 pub mod controller;
 pub mod core;
+pub mod core_attest;
 pub mod fault;
 pub mod fencer;
 pub mod guard;
