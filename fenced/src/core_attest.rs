@@ -108,6 +108,8 @@ pub struct AttestView {
     pub instance: Option<String>,
     /// `liveness/<node>` and etcd's answer about its lease.
     pub liveness: Liveness,
+    /// Arenas its index `arena_node/<node>/` still lists.
+    pub arenas: usize,
 }
 
 /// What the operator asked for besides the node.
@@ -139,6 +141,10 @@ pub enum Verdict {
     AlreadyFenced {
         /// Its generation.
         generation: u64,
+        /// Arenas it still owns: non-zero only after a single-signal fence (no
+        /// severance confirmed, so none were released). Attesting again does not
+        /// release them: that would bump a second time for one departure (invariant 2).
+        arenas: usize,
     },
 }
 
@@ -221,6 +227,7 @@ pub fn judge(node: &NodeId, view: &AttestView, req: AttestRequest) -> Result<Ver
     {
         return Ok(Verdict::AlreadyFenced {
             generation: generation.max(view.generation),
+            arenas: view.arenas,
         });
     }
     let (wait, liveness) = match &view.liveness {
@@ -329,6 +336,7 @@ mod tests {
                 record: RECORD,
                 ttl_left_s: -1,
             },
+            arenas: 0,
         }
     }
 
@@ -469,12 +477,16 @@ mod tests {
         let view = AttestView {
             done: Some((5, 40)),
             generation: 5,
+            arenas: 2,
             ..gone()
         };
         for req in [PLAIN, FORCE] {
             assert_eq!(
                 judge(&n1(), &view, req).unwrap(),
-                Verdict::AlreadyFenced { generation: 5 }
+                Verdict::AlreadyFenced {
+                    generation: 5,
+                    arenas: 2
+                }
             );
         }
         // Marked done but an intent recorded since: a fence is owed, guarded by both.

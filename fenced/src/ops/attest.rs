@@ -182,19 +182,25 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
         force: args.force,
         device_fence: args.block_device.is_some(),
     };
-    let (victim, guard, wait, liveness) =
-        match judge(&node, &view, req).map_err(AttestError::from)? {
-            Verdict::AlreadyFenced { generation } => {
-                println!("{node} already fenced at generation {generation}: nothing done");
-                return Ok(ExitCode::SUCCESS);
+    let (victim, guard, wait, liveness) = match judge(&node, &view, req)
+        .map_err(AttestError::from)?
+    {
+        Verdict::AlreadyFenced { generation, arenas } => {
+            println!("{node} already fenced at generation {generation}: nothing done");
+            if arenas > 0 {
+                eprintln!(
+                    "fenced: {node} still owns {arenas} arena(s): its fence was single-signal (no severance confirmed), so they were not released"
+                );
             }
-            Verdict::Fence {
-                victim,
-                guard,
-                wait,
-                liveness,
-            } => (victim, guard, wait, liveness),
-        };
+            return Ok(ExitCode::SUCCESS);
+        }
+        Verdict::Fence {
+            victim,
+            guard,
+            wait,
+            liveness,
+        } => (victim, guard, wait, liveness),
+    };
     let device = match (args.block_device, own) {
         (Some(path), Some(own)) => {
             let mode = match args.preempt {

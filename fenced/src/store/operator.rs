@@ -1,8 +1,8 @@
 //! The reads of the operator commands: what `fenced attest` judges one node by.
 
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{GetOptions, Txn, TxnOp};
 
-use super::{EtcdStore, Result, kvs, parse_u64, revision, text};
+use super::{EtcdStore, Result, count, kvs, parse_u64, revision, text};
 use crate::core_attest::{AttestView, Liveness, LivenessRecord};
 use crate::node::NodeId;
 
@@ -22,6 +22,10 @@ impl EtcdStore {
             TxnOp::get(k.departed(node), None),
             TxnOp::get(k.claim(node), None),
             TxnOp::get(k.liveness(node), None),
+            TxnOp::get(
+                k.arena_node_prefix(node),
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            ),
         ]);
         let resp = self.txn("attest_view", txn).await?;
         let rev = revision(&resp);
@@ -59,6 +63,7 @@ impl EtcdStore {
             departed: one(5).map(|kv| (text(kv), kv.mod_revision())),
             instance: one(1).map(text),
             liveness,
+            arenas: count(&ops[8]),
         };
         Ok((view, rev))
     }
