@@ -77,7 +77,7 @@ impl Keys {
 
     node_key!(
         /// `liveness/<node>`: the lease the agent renews, its TTL and self-fence margin
-        /// (`core_attest::LivenessRecord`, JSON), rewritten at each renewal.
+        /// (`core::attest::LivenessRecord`, JSON), rewritten at each renewal.
         liveness, liveness_prefix, "liveness"
     );
 

@@ -2,9 +2,9 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
-//! - [`core_attest`]: the rule of `fenced attest` (an operator-attested fence), as
-//!   pure as [`core`]: known node, membership, fence in progress, already fenced,
-//!   liveness judged by etcd's clock.
+//! - [`ports`]: the narrow store traits of the controller's fence path and the agent's
+//!   leave, for etcd and in memory (unit tests of their logic).
+//! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
@@ -14,14 +14,15 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod clock;
 pub mod controller;
 pub mod core;
-pub mod core_attest;
 pub mod fault;
 pub mod fencer;
 pub mod guard;
 pub mod keys;
 pub mod node;
+pub mod ports;
 pub mod store;
 
 #[cfg(feature = "ebs")]

@@ -1,6 +1,6 @@
 //! `fenced attest`: an operator-attested fence. The operator confirmed out of band
 //! that the node is gone and supplies the second confirmation. What is refused and
-//! when is [`fenced::core_attest::judge`], a pure function of what etcd shows
+//! when is [`fenced::core::attest::judge`], a pure function of what etcd shows
 //! ([`EtcdStore::attest_view`](fenced::store::EtcdStore::attest_view)); this file does
 //! the I/O: read, judge, wait out the node's self-fence margin or preempt its key on
 //! the shared device, then fence through the controller (claim guarded by the
@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
+use fenced::core::attest::{AttestRequest, Refusal, Verdict, judge};
 use fenced::core::{Confirmation, FenceState, Trigger, Victim};
-use fenced::core_attest::{AttestRequest, Refusal, Verdict, judge};
 use fenced::fencer::{AttestedFencer, BoxFuture, FenceError, Fencer, NvmeFencer, PreemptMode};
 use fenced::store::ClaimGuard;
 use nvme_resv::Key;

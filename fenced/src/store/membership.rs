@@ -9,7 +9,7 @@ use etcd_client::{
 };
 
 use super::{EtcdStore, Result, StoreError, absent, kvs, parse_u64, revision};
-use crate::core_attest::LivenessRecord;
+use crate::core::attest::LivenessRecord;
 use crate::node::NodeId;
 
 /// The result of a join transaction.

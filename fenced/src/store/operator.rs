@@ -3,11 +3,11 @@
 use etcd_client::{GetOptions, Txn, TxnOp};
 
 use super::{EtcdStore, Result, count, kvs, parse_u64, revision, text};
-use crate::core_attest::{AttestView, Liveness, LivenessRecord};
+use crate::core::attest::{AttestView, Liveness, LivenessRecord};
 use crate::node::NodeId;
 
 impl EtcdStore {
-    /// Everything [`crate::core_attest::judge`] looks at for `node`: one read-only
+    /// Everything [`crate::core::attest::judge`] looks at for `node`: one read-only
     /// transaction over its records, then (when its liveness record names a lease)
     /// etcd's `LeaseTimeToLive` for that lease. Returns the view and the revision of
     /// the transaction. Writes nothing.
