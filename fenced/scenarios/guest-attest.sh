@@ -2,14 +2,16 @@
 # `fenced attest --block-device` inside the hwtests guest (busybox sh), on the kernel
 # NVMe target's reservation-capable namespace and its three loop hosts A, B, C
 # (issue 14, part 3: the attesting host preempts and verifies first, and records both).
-#   1. etcd; n2 runs on host B (`--fencer nvme`) and registers its key; B can write
+#   1. etcd; n2 runs on host B (`--fencer nvme`), registers its key, claims an arena;
+#      B can write
 #   2. host A registers n1's key by hand (what the attesting host's own fenced does)
 #   3. SIGKILL n2: no controller is left, nobody fences it, its key stays registered
 #   4. refusals touch neither etcd nor the device: a node that never joined; a host
 #      whose key is not registered (--own-node-id n3)
 #   5. attest n2 --block-device A --own-node-id n1: exit 0; n2's key is gone from the
 #      report; a write from host B is refused by the device; generation 0 -> 1; the
-#      audit record names operator+nvme, the reason verbatim and the device evidence
+#      audit record names operator+nvme, the reason verbatim and the device evidence;
+#      n2's arena returns to the free pool in the same transaction
 #   6. a second attest: "already fenced at generation 1", nothing written
 # Run from the host:
 #   cargo build -p fenced --bin fenced
@@ -51,7 +53,8 @@ healthy() { wget -qO- $EP/health 2>/dev/null | grep -q true; }
 until_ 60 "etcd health" healthy
 
 fenced run --node-id n2 --instance-id guest-n2 --block-device "$B" --fencer nvme \
-  --etcd-endpoints $EP --root $ROOT --ttl-secs 3 --sweep-secs 3 >/tmp/n2.log 2>&1 &
+  --etcd-endpoints $EP --root $ROOT --ttl-secs 3 --sweep-secs 3 \
+  --seed-arenas a1,a2 --arenas 1 >/tmp/n2.log 2>&1 &
 PID2=$!
 registered() { grep -q "registered on the device" /tmp/n2.log; }
 until_ 60 "n2 to join and register" registered
@@ -94,6 +97,8 @@ echo "$AUD"
 echo "$AUD" | grep -q '"fencer":"operator+nvme"' || die "audit record does not name operator+nvme"
 echo "$AUD" | grep -q "attested by alice: n2's host powered off at the PDU, ticket 7" || die "reason not verbatim in the audit record"
 echo "$AUD" | grep -q "absent from report" || die "no device evidence in the audit record"
+echo "$AUD" | grep -q '"arenas_released":\["a[12]"\]' || die "n2's arena was not released with the confirmed fence"
+[ -z "$(ectl get --prefix $ROOT/arena_node/n2/ --keys-only)" ] || die "n2 still owns an arena"
 
 R1=$(rev)
 attest --node-id n2 --block-device "$A" --own-node-id n1 >/tmp/o 2>&1; rc=$?
