@@ -1,11 +1,13 @@
 //! `fenced attest` as a child process against a real etcd (issue 14, part 3): an
 //! unknown node is refused, missing liveness is "unknown", freshness is etcd's answer
 //! about the agent's lease (never a wall-clock comparison), and a node already fenced
-//! is reported, not bumped again. Refusals write nothing: the etcd revision is
-//! unchanged.
+//! is reported, not bumped again; a node a controller is fencing is refused. Refusals
+//! write nothing: the etcd revision is unchanged.
 //!
 //! The `--block-device` path (preempt first) needs a reservation-capable namespace:
-//! its logic is unit-tested in `src/ops/attest.rs` on the `nvme_resv` model.
+//! here only its refusals before any write; its logic is unit-tested in
+//! `src/ops/attest.rs` on the `nvme_resv` model, and it runs for real on the guest's
+//! kernel NVMe target in `scenarios/guest-attest.sh`.
 
 mod common;
 
@@ -308,4 +310,59 @@ fn a_dead_daemon_is_fenced_once_and_a_second_attest_changes_nothing() {
     }
     assert_eq!(generation(&etcd, "n1"), Some(1));
     assert_eq!(audit(&etcd, "n1").len(), 1);
+}
+
+/// A node whose lease etcd no longer holds, fenceable on the rules.
+fn dead_node(etcd: &Etcd, node: &str) {
+    joined_once(etcd, node);
+    let lease = grant(etcd, 60);
+    liveness(etcd, node, lease, 2_000, 2_000, 0);
+    etcdctl(etcd, &["lease", "revoke", &format!("{lease:x}")]);
+}
+
+#[test]
+fn a_fence_in_progress_is_refused_and_nothing_is_written() {
+    let etcd = Etcd::start();
+    dead_node(&etcd, "n1");
+    put(&etcd, "fence_claim/n1", "n2/i-n2");
+    let rev = revision(&etcd);
+    for extra in [&[][..], &["--force"]] {
+        let o = attest(&etcd, "n1", extra);
+        refused(&etcd, &o, "controller n2/i-n2 is fencing it now", rev);
+    }
+    assert_eq!(generation(&etcd, "n1"), Some(0));
+}
+
+/// With `--block-device`, everything about the device is checked before the first
+/// write: a path that is no reservation-capable namespace fails the command with
+/// etcd untouched (the device path itself runs in `scenarios/guest-attest.sh`).
+#[test]
+fn a_device_that_cannot_be_used_fails_before_anything_is_written() {
+    let etcd = Etcd::start();
+    dead_node(&etcd, "n1");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::write(&file, vec![0u8; 4096]).unwrap();
+    let dev = file.to_str().unwrap();
+    let rev = revision(&etcd);
+    let o = attest(&etcd, "n1", &["--block-device", dev]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("--block-device needs --own-node-id"),
+        "{}",
+        stderr(&o)
+    );
+    let o = attest(&etcd, "n1", &["--block-device", dev, "--own-node-id", "n1"]);
+    assert!(
+        stderr(&o).contains("refusing to fence n1 from its own host"),
+        "{}",
+        stderr(&o)
+    );
+    let o = attest(&etcd, "n1", &["--block-device", dev, "--own-node-id", "n2"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(e.starts_with(&format!("fenced: cannot open {dev}")), "{e}");
+    assert_eq!(revision(&etcd), rev, "a failed attest wrote to etcd");
+    assert_eq!(generation(&etcd, "n1"), Some(0));
 }
