@@ -41,7 +41,7 @@ pub struct AttestArgs {
     operator: String,
     /// Fence even if its liveness is unknown (no record) or its agent's lease is
     /// still alive in etcd (you are certain). Never overrides "unknown node", "still a
-    /// member" or "already fenced".
+    /// member", "being fenced" or "already fenced".
     #[arg(long, alias = "force-ignore-liveness")]
     force: bool,
     /// This host can reach the shared namespace: preempt NODE's reservation key here
