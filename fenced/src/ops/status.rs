@@ -111,10 +111,10 @@ fn cells(node: &str, r: &NodeRow, now_ms: u64) -> Vec<String> {
     vec![
         node.to_owned(),
         member,
-        r.instance.clone().unwrap_or_else(dash),
-        r.last_renewal_unix_ms.map_or_else(dash, |t| ago(now_ms, t)),
         r.generation
             .map_or_else(|| "?".to_owned(), |g| g.to_string()),
+        r.instance.clone().unwrap_or_else(dash),
+        r.last_renewal_unix_ms.map_or_else(dash, |t| ago(now_ms, t)),
         owed,
         r.claim_holder.clone().unwrap_or_else(dash),
         last,
@@ -128,7 +128,8 @@ fn cells(node: &str, r: &NodeRow, now_ms: u64) -> Vec<String> {
 }
 
 /// The text view: a summary line, one row per node, then free arenas and malformed
-/// records.
+/// records. The first three columns (node, member, generation) never contain a space,
+/// so scripts can read them with `awk '$1 == "n3" { print $3 }'`.
 pub fn text(s: &Status, now_ms: u64) -> String {
     let members = s.nodes.values().filter(|r| r.member).count();
     let owed = s.nodes.values().filter(|r| r.owed.is_some()).count();
@@ -143,9 +144,9 @@ pub fn text(s: &Status, now_ms: u64) -> String {
         [
             "NODE",
             "MEMBER",
+            "GEN",
             "INSTANCE",
             "RENEWED",
-            "GEN",
             "OWED",
             "CLAIM",
             "LAST FENCE",
@@ -234,7 +235,7 @@ mod tests {
         let n1 = &doc["nodes"]["n1"];
         assert_eq!(
             keys(n1),
-            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms member owed"
+            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms lease_ttl_ms member owed"
         );
         assert_eq!(
             keys(&n1["owed"]),
@@ -245,10 +246,13 @@ mod tests {
             "by fencer generation_after generation_before result trigger unix_ms"
         );
         let text = text(&s, 5);
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with("n1 ") && l.contains("OWED")),
-            "{text}"
-        );
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("n1 "))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(&row[..3], ["n1", "no", "?"], "{text}");
+        assert!(row.contains(&"OWED"), "{text}");
     }
 }

@@ -12,7 +12,8 @@
 //! etcd-client errors; `health` the endpoint probe and rotation; `fence` the
 //! controller's transactions (claim, finish, abort); `membership` the agent's (join,
 //! depart, leases, liveness, watch); `arenas` the arena pool; `view` the one read of
-//! the key space behind the sweep and `fenced status`.
+//! the key space behind the sweep and `fenced status`; `operator` the reads of the
+//! operator commands (`fenced attest`'s view of one node).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +32,7 @@ mod error;
 mod fence;
 mod health;
 mod membership;
+mod operator;
 mod view;
 
 pub use error::StoreError;
@@ -39,7 +41,7 @@ pub use health::probe_endpoints;
 pub use membership::Joined;
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
-    decode_audit, json_text,
+    decode_audit, decode_liveness, json_text,
 };
 
 use health::EndpointHealth;
@@ -114,10 +116,14 @@ fn parse_u64(kv: &KeyValue) -> Result<u64> {
     })
 }
 
+fn text(kv: &KeyValue) -> String {
+    String::from_utf8_lossy(kv.value()).into_owned()
+}
+
 /// An id read back as text (a claim holder, an intent's instance id). A value that is
 /// not one is returned quoted and escaped, so it reaches no log raw and no fencer
 /// takes it for an id (the EBS fencer refuses anything but an EC2 id).
-fn text(kv: &KeyValue) -> String {
+fn id_text(kv: &KeyValue) -> String {
     crate::keys::decode_id_text("id", kv.value()).unwrap_or_else(|_| crate::keys::shown(kv.value()))
 }
 

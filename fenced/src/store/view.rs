@@ -24,7 +24,8 @@
 //! - an `arena_node/<node>/<arena>` whose arena part is malformed: still counted as
 //!   an arena the node owns, so a departure is not honoured on its strength;
 //! - `arena_owner/`, `arena_free/`, `liveness/` and `audit/` records are read by the
-//!   views only, which show them as malformed.
+//!   views only, which show them as malformed (`fenced attest` decodes the liveness
+//!   record of the node it judges itself, and refuses what does not decode).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -32,6 +33,7 @@ use etcd_client::{GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 use super::{EtcdStore, Result, StoreError, count, prefix, prefix_keys_only, revision};
 use crate::core::SweepSnapshot;
+use crate::core::attest::LivenessRecord;
 use crate::keys::{self, Keys, Malformed, decode_id_text, decode_node_id, decode_u64};
 use crate::node::NodeId;
 
@@ -96,8 +98,11 @@ pub struct NodeRow {
     pub member: bool,
     /// Its instance id: the membership's, else the one recorded at its last join.
     pub instance: Option<String>,
-    /// Unix ms of the agent's last recorded lease renewal (`liveness/<node>`).
+    /// Unix ms of the agent's last recorded lease renewal (`liveness/<node>`, the
+    /// agent's clock).
     pub last_renewal_unix_ms: Option<u64>,
+    /// The TTL of the lease it renews (ms), from the same record.
+    pub lease_ttl_ms: Option<u64>,
     /// `gen/<node>` (`None`: absent or malformed, see `malformed`).
     pub generation: Option<u64>,
     /// A fence is owed: what the sweep would do now.
@@ -425,9 +430,9 @@ impl KeySpace {
         let mut liveness = BTreeMap::new();
         for kv in &self.liveness {
             if let Some(n) = bad.node(k, &k.liveness_prefix(), kv) {
-                match decode_u64("Unix millisecond time", kv.value()) {
-                    Ok(ms) => {
-                        liveness.insert(n, ms);
+                match decode_liveness(kv.value()) {
+                    Ok(r) => {
+                        liveness.insert(n, r);
                     }
                     Err(e) => bad.add(kv, &e, effect::VIEW),
                 }
@@ -472,7 +477,7 @@ impl KeySpace {
 /// why, the audit records which fences happened.
 fn rows(
     d: &Decoded,
-    liveness: &BTreeMap<NodeId, u64>,
+    liveness: &BTreeMap<NodeId, LivenessRecord>,
     audits: &[AuditItem],
 ) -> BTreeMap<String, NodeRow> {
     let s = &d.snapshot;
@@ -509,8 +514,10 @@ fn rows(
     for (n, a) in &d.arena_names {
         row(&mut rows, n).arenas = a.clone();
     }
-    for (n, ms) in liveness {
-        row(&mut rows, n).last_renewal_unix_ms = Some(*ms);
+    for (n, l) in liveness {
+        let r = row(&mut rows, n);
+        r.last_renewal_unix_ms = Some(l.unix_ms);
+        r.lease_ttl_ms = Some(l.ttl_ms);
     }
     let plan = crate::core::plan_sweep(s);
     let owed = plan
@@ -523,7 +530,7 @@ fn rows(
                 .map(|n| (n, "claimed: a fence is in progress".to_owned())),
         );
     for (n, why) in owed {
-        let since = liveness.get(n).copied();
+        let since = liveness.get(n).map(|l| l.unix_ms);
         let r = row(&mut rows, n);
         r.owed = Some(Owed {
             why,
@@ -589,6 +596,28 @@ pub struct AuditEntry {
     pub unix_ms: u64,
     /// The steps performed, in order.
     pub steps: Vec<serde_json::Value>,
+}
+
+/// Largest liveness record accepted (fenced writes under 100 bytes).
+const MAX_LIVENESS_BYTES: usize = 1024;
+
+/// Decodes one `liveness/` value: the JSON [`LivenessRecord`] the agent writes at each
+/// renewal (a bare number, written by older versions, is refused with why).
+pub fn decode_liveness(value: &[u8]) -> Result<LivenessRecord, Malformed> {
+    if value.len() > MAX_LIVENESS_BYTES {
+        return Err(Malformed::TooLong {
+            what: "liveness record",
+            len: value.len(),
+            max: MAX_LIVENESS_BYTES,
+        });
+    }
+    let text = std::str::from_utf8(value).map_err(|e| Malformed::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    LivenessRecord::parse(text).map_err(|why| Malformed::NotJson {
+        what: "JSON liveness record",
+        why: keys::shown(why.as_bytes()),
+    })
 }
 
 /// Largest audit record accepted (fenced writes well under 4 KiB).
@@ -775,7 +804,36 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn liveness_records_decode_and_old_stamps_are_refused() {
+        let r = LivenessRecord {
+            lease: 7,
+            ttl_ms: 2000,
+            margin_ms: 4000,
+            unix_ms: 1700,
+        };
+        assert_eq!(decode_liveness(r.encode().as_bytes()), Ok(r));
+        for bad in [&b"1700"[..], b"yesterday", b"{}", b"\xff", &[b' '; 2000]] {
+            assert!(decode_liveness(bad).is_err(), "{bad:?}");
+        }
+    }
+
     proptest! {
+        /// The liveness decoder returns a record or a typed one-line error.
+        #[test]
+        fn liveness_decoder_never_panics(
+            raw in proptest::collection::vec(any::<u8>(), 0..200),
+            lease in any::<i64>(),
+            ms in any::<u64>(),
+        ) {
+            let json = format!(r#"{{"lease":{lease},"ttl_ms":{ms},"margin_ms":1,"unix_ms":{ms}}}"#);
+            prop_assert!(decode_liveness(json.as_bytes()).is_ok());
+            if let Err(e) = decode_liveness(&raw) {
+                let m = e.to_string();
+                prop_assert!(!m.contains('\n') && m.len() < 400, "{}", m);
+            }
+        }
+
         /// The audit decoder returns a record or a typed one-line error for any bytes,
         /// and for JSON objects of any shape.
         #[test]
