@@ -178,6 +178,11 @@ async fn status_audit_and_check_explain_an_owed_a_failed_and_a_completed_fence()
     assert!(line.contains("owed=0 members=1"), "{line}");
 
     let st = json(&c, &["status", "-o", "json"]).await;
+    assert_eq!(
+        st["malformed"],
+        serde_json::json!([]),
+        "what fenced writes decodes: {st}"
+    );
     let n2 = &st["nodes"]["n2"];
     assert!(n2["owed"].is_null(), "{st}");
     assert_eq!(n2["generation"], 1, "{st}");
