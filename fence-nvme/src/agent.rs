@@ -47,7 +47,7 @@ impl Opener for NamespaceOpener {
 #[non_exhaustive]
 pub enum DeviceError {
     /// A command failed or the device could not be opened.
-    #[error("{}: {step} failed: {}", path.display(), chain(source))]
+    #[error("{}: {step} failed", path.display())]
     Command {
         /// The device.
         path: PathBuf,

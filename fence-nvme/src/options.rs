@@ -405,7 +405,7 @@ pub enum OptionError {
         value: String,
     },
     /// A node name that `fenced` would refuse, so no key can be derived from it.
-    #[error("{param}: {source} (or give the key explicitly with key=)")]
+    #[error("{param}: no key can be derived from this name (fix it, or give key=)")]
     BadNodeName {
         /// `plug` or `nodename`.
         param: &'static str,
@@ -947,7 +947,7 @@ mod tests {
                 "is not one of",
             ),
         ] {
-            let e = settings(stdin).unwrap_err().to_string();
+            let e = crate::agent::chain(&settings(stdin).unwrap_err());
             assert!(e.contains(want), "{stdin:?}: {e}");
         }
     }

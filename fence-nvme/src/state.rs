@@ -38,7 +38,7 @@ pub enum StateError {
         path: PathBuf,
     },
     /// Reading or writing failed.
-    #[error("{what} {}: {source}", path.display())]
+    #[error("{what} {}", path.display())]
     Io {
         /// `reading`, `writing`, ...
         what: &'static str,
