@@ -2,21 +2,29 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
+//! - [`ports`]: the narrow store traits of the controller's fence path and the agent's
+//!   leave, for etcd and in memory (unit tests of their logic).
+//! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids.
-//! - `ebs` (cargo feature `ebs`): the EBS force-detach fencer and fencing levels.
+//! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
+//!   feature `ebs`, also reachable as `fenced::ebs`) EBS fencers.
+//! - [`fault`]: the `fence::<step>` fail points (cargo feature `failpoints`).
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod clock;
 pub mod controller;
 pub mod core;
-#[cfg(feature = "ebs")]
-pub mod ebs;
+pub mod fault;
 pub mod fencer;
 pub mod guard;
 pub mod keys;
 pub mod node;
+pub mod ports;
 pub mod store;
 
+#[cfg(feature = "ebs")]
+pub use fencer::ebs;
 pub use node::NodeId;

@@ -29,6 +29,58 @@ fn invalid_node_id_is_one_clear_line() {
     assert!(e.starts_with("fenced: invalid node id \"a/b\""), "{e}");
 }
 
+/// Flag over environment variable over config file, observed through the one setting
+/// whose bad value names itself in the error line: the node id.
+#[test]
+fn flag_beats_env_beats_config_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("fenced.toml");
+    std::fs::write(&conf, "node_id = \"file/id\"\nfencer = \"none\"\n").unwrap();
+    let run = |flag: Option<&str>, env: Option<&str>| {
+        let mut c = fenced();
+        c.args(["run", "--config"])
+            .arg(&conf)
+            .env_remove("FENCED_NODE_ID");
+        if let Some(f) = flag {
+            c.args(["--node-id", f]);
+        }
+        if let Some(e) = env {
+            c.env("FENCED_NODE_ID", e);
+        }
+        let o = c.output().unwrap();
+        assert!(!o.status.success());
+        stderr(&o)
+    };
+    let e = run(Some("flag/id"), Some("env/id"));
+    assert!(e.starts_with("fenced: invalid node id \"flag/id\""), "{e}");
+    let e = run(None, Some("env/id"));
+    assert!(e.starts_with("fenced: invalid node id \"env/id\""), "{e}");
+    let e = run(None, None);
+    assert!(e.starts_with("fenced: invalid node id \"file/id\""), "{e}");
+}
+
+#[test]
+fn config_file_errors_name_the_file_and_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("fenced.toml");
+    for (text, key) in [
+        ("node_id = \"n1\"\nttl = 5\n", "ttl"),
+        ("node_id = \"n1\"\nttl_secs = \"five\"\n", "ttl_secs"),
+    ] {
+        std::fs::write(&conf, text).unwrap();
+        let o = fenced()
+            .args(["run", "--config"])
+            .arg(&conf)
+            .output()
+            .unwrap();
+        assert!(!o.status.success());
+        let e = stderr(&o);
+        assert_eq!(e.lines().count(), 1, "{e}");
+        let want = format!("fenced: invalid config {}: key `{key}`: ", conf.display());
+        assert!(e.starts_with(&want), "{e}");
+    }
+}
+
 #[test]
 fn unreachable_etcd_is_retried_with_backoff_then_reported() {
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -15,7 +15,7 @@ use fenced::agent::Agent;
 use fenced::controller::Controller;
 use fenced::core::Victim;
 use fenced::ebs::{EbsConfig, EbsError, EbsFencer, Ec2ErrorKind, Ec2Op, PollLimits};
-use fenced::fencer::Fencer;
+use fenced::fencer::{FenceCause, Fencer};
 use fenced::node::NodeId;
 
 use ebs_peer::{Moto, Proxy};
@@ -127,12 +127,8 @@ async fn unknown_volume_is_a_typed_error_not_a_fence() {
     assert!(!e.is_retryable());
     // Through the Fencer trait: a FenceError carrying the typed cause.
     let fe = f.fence(&victim(&inst)).await.unwrap_err();
-    let src = fe.source.as_deref().expect("source");
     assert!(
-        matches!(
-            src.downcast_ref::<EbsError>(),
-            Some(EbsError::VolumeNotFound { .. })
-        ),
+        matches!(&fe.cause, FenceCause::Ebs(EbsError::VolumeNotFound { .. })),
         "{fe}"
     );
 }

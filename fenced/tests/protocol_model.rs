@@ -55,8 +55,8 @@
 //! | `c: watch_resume` | `watch_resume` | controller.rs `watch_loop` |
 //! | `c: sweep` | `sweep` (+ `drop_stale`) | controller.rs `sweep_once`, core.rs `plan_sweep` |
 //! | `c: fence [record_intent, claim, recheck_intent?, read_generation]` | the claim txn | store.rs `claim` |
-//! | `c: fence [sever]` | `sever` | fencer.rs |
-//! | `c: fence [verify]` | `verify` | fencer.rs |
+//! | `c: fence [sever]` | `sever` | fencer/nvme.rs |
+//! | `c: fence [verify]` | `verify` | fencer/nvme.rs |
 //! | `c: fence [bump, mark_done, clear_intent, release_arenas?, release_claim]` | the finishing txn | store.rs `finish` |
 //! | `c: fence aborted [release_claim]` | abort txn (intent stays) | store.rs `abort` |
 //!

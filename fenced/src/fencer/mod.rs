@@ -1,0 +1,273 @@
+//! Fencers: the second, out-of-etcd confirmation that a node can no longer write.
+//!
+//! A [`Fencer`] performs the `sever` and `verify` steps. It is asynchronous (boxed
+//! futures, so `Arc<dyn Fencer>` works) because the EBS fencer polls a cloud API; the
+//! NVMe fencer's blocking ioctls run on `spawn_blocking`.
+//!
+//! - [`nvme`]: [`NvmeFencer`] (preempt, then the report must show the victim's key
+//!   gone) and the reservation [`Device`] the agent shares.
+//! - [`levels`]: [`FencingLevels`], fencers tried in order until one confirms.
+//! - `ebs` (feature `ebs`): the EBS force-detach fencer.
+//! - Here: the trait, its error, [`NoneFencer`] (single signal) and
+//!   [`AttestedFencer`] (operator attestation).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+use nvme_resv::{AcquireAction, Key};
+
+use crate::core::{FenceStep, Victim};
+
+#[cfg(feature = "ebs")]
+pub mod ebs;
+pub mod levels;
+pub mod nvme;
+
+// What a fencer established: defined in the I/O-free core, which records it.
+pub use crate::core::Confirmation;
+#[cfg(feature = "failpoints")]
+pub use crate::fault::fault_hits;
+// The fail-point engine lives in `crate::fault`; these paths stay for its users.
+pub use crate::fault::{FaultEffect, FaultHit, FaultInjected};
+pub(crate) use crate::fault::{fault, fault_scope};
+pub use levels::{FencingLevels, LevelFailure, LevelFailures};
+pub use nvme::{Device, NvmeFencer, PreemptMode, RESERVATION_TYPE, key_registered};
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A fence that could not be confirmed. The generation is not bumped.
+#[derive(Debug, thiserror::Error)]
+#[error("{step} failed: {cause}")]
+pub struct FenceError {
+    /// The step that failed (`sever` or `verify`).
+    pub step: FenceStep,
+    /// Why.
+    #[source]
+    pub cause: FenceCause,
+}
+
+impl FenceError {
+    /// A failure at `step` described by `message`: for fencers outside this crate,
+    /// whose causes [`FenceCause`] cannot list.
+    pub fn new(step: FenceStep, message: impl Into<String>) -> Self {
+        Self::at(
+            step,
+            FenceCause::Other {
+                message: message.into(),
+            },
+        )
+    }
+
+    /// A failure at `step` for `cause`.
+    pub fn at(step: FenceStep, cause: FenceCause) -> Self {
+        Self { step, cause }
+    }
+}
+
+impl From<FaultInjected> for FenceError {
+    fn from(f: FaultInjected) -> Self {
+        Self::at(f.step, FenceCause::Injected(f))
+    }
+}
+
+/// Why a fence was not confirmed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FenceCause {
+    /// The victim's key is our own: preempting it would fence ourselves.
+    #[error("victim key {:#x} equals our own key: refusing to preempt ourselves", key.0)]
+    VictimIsSelf {
+        /// The key.
+        key: Key,
+    },
+    /// The device refused or failed the preempt, and the report still lists the key.
+    #[error("{racqa:?} of key {:#x} failed: {source}", key.0)]
+    Preempt {
+        /// The Reservation Acquire action sent.
+        racqa: AcquireAction,
+        /// The victim's key.
+        key: Key,
+        /// The device's answer (a Reservation Conflict, an OS error...).
+        #[source]
+        source: nvme_resv::Error,
+    },
+    /// The reservation report, read to verify the preempt, failed.
+    #[error("reservation report failed: {source}")]
+    Report {
+        /// The device's answer.
+        #[source]
+        source: nvme_resv::Error,
+    },
+    /// The preempt reported success but the report still lists the victim's key (a
+    /// device that lies, or a registration that came back).
+    #[error(
+        "{racqa:?} of key {:#x} reported success but the key is still registered (generation {generation})",
+        key.0
+    )]
+    KeyStillRegistered {
+        /// The Reservation Acquire action sent.
+        racqa: AcquireAction,
+        /// The victim's key.
+        key: Key,
+        /// The report's generation.
+        generation: u32,
+    },
+    /// Our own key is not registered: we were fenced ourselves, so our word on anyone
+    /// else's fence is worth nothing.
+    #[error("our own key {:#x} is not registered: we are fenced", key.0)]
+    ControllerNotRegistered {
+        /// Our key.
+        key: Key,
+    },
+    /// The blocking task that ran a device command panicked or was cancelled.
+    #[error("fencer task failed: {source}")]
+    Task {
+        /// The task's end.
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// A fail point failed the step (feature `failpoints`).
+    #[error(transparent)]
+    Injected(#[from] FaultInjected),
+    /// A fail point let the step run and lost its answer (feature `failpoints`).
+    #[error("fail point fence::{}: {done}, answer lost", step.name())]
+    AnswerLost {
+        /// The point's step.
+        step: FenceStep,
+        /// What was performed before the answer was lost.
+        done: &'static str,
+    },
+    /// The EBS fencer did not confirm.
+    #[cfg(feature = "ebs")]
+    #[error("ebs: {0}")]
+    Ebs(#[source] ebs::EbsError),
+    /// No fencing level confirmed.
+    #[error("no fencing level confirmed: {0}")]
+    NoLevelConfirmed(#[source] LevelFailures),
+    /// A fencer outside this crate failed ([`FenceError::new`]).
+    #[error("{message}")]
+    Other {
+        /// What failed, and why.
+        message: String,
+    },
+}
+
+/// Something that severs a node's access to the shared device and confirms it.
+pub trait Fencer: Send + Sync + fmt::Debug {
+    /// `nvme`, `ebs`, `none`.
+    fn name(&self) -> &'static str;
+    /// Sever `victim`'s access and verify it. `Ok` with `severed: false` means
+    /// single-signal mode (nothing severed; arenas are never released).
+    fn fence<'a>(&'a self, victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>>;
+}
+
+/// Single-signal mode: the generation is bumped on lease expiry alone. It stops a node
+/// publishing metadata, not writing bytes, so arenas are never released.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoneFencer;
+
+impl Fencer for NoneFencer {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+    fn fence<'a>(&'a self, _victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+        Box::pin(async {
+            Ok(Confirmation {
+                fencer: "none".to_owned(),
+                severed: false,
+                evidence: "single-signal: lease expiry only, device access NOT severed".to_owned(),
+            })
+        })
+    }
+}
+
+/// Operator-attested fence (seeds 001/002): a person confirmed out of band that the
+/// node is gone and supplies the second confirmation. The reason is recorded verbatim
+/// in the audit record. It counts as a severance (arenas are released): the operator
+/// vouches for it, and `fenced attest` refuses while the node is a member or its
+/// liveness is fresh.
+#[derive(Debug, Clone)]
+pub struct AttestedFencer {
+    /// Who attests.
+    pub operator: String,
+    /// The out-of-band evidence, verbatim.
+    pub reason: String,
+}
+
+impl Fencer for AttestedFencer {
+    fn name(&self) -> &'static str {
+        "operator"
+    }
+    fn fence<'a>(&'a self, _victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+        Box::pin(async move {
+            Ok(Confirmation {
+                fencer: "operator".to_owned(),
+                severed: true,
+                evidence: format!("attested by {}: {}", self.operator, self.reason),
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeId;
+
+    fn victim(node: &str) -> Victim {
+        Victim {
+            node: NodeId::new(node).unwrap(),
+            instance: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn none_fencer_is_single_signal() {
+        let c = NoneFencer.fence(&victim("b")).await.unwrap();
+        assert!(!c.severed);
+    }
+
+    #[tokio::test]
+    async fn attested_fencer_records_the_reason_verbatim() {
+        let f = AttestedFencer {
+            operator: "alice".into(),
+            reason: "host b powered off at the PDU".into(),
+        };
+        let c = f.fence(&victim("b")).await.unwrap();
+        assert!(c.severed);
+        assert_eq!(
+            c.evidence,
+            "attested by alice: host b powered off at the PDU"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_step_and_the_cause() {
+        let e = FenceError::at(
+            FenceStep::Verify,
+            FenceCause::KeyStillRegistered {
+                racqa: AcquireAction::Preempt,
+                key: Key(0xb),
+                generation: 7,
+            },
+        );
+        assert_eq!(
+            e.to_string(),
+            "verify failed: Preempt of key 0xb reported success but the key is still registered (generation 7)"
+        );
+        let e = FenceError::new(FenceStep::Sever, "the PDU did not answer");
+        assert_eq!(e.to_string(), "sever failed: the PDU did not answer");
+        let e = FenceError::from(FaultInjected {
+            step: FenceStep::Verify,
+        });
+        assert_eq!(
+            (e.step, e.to_string()),
+            (
+                FenceStep::Verify,
+                "verify failed: fail point fence::verify".into()
+            )
+        );
+    }
+}

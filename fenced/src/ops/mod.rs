@@ -1,0 +1,65 @@
+//! The operator commands: `status`, `probe`, `attest`, `leave`. Each connects (when it
+//! needs etcd) with [`connect`], waiting at most [`CLI_ETCD_WAIT`].
+
+pub mod attest;
+pub mod leave;
+pub mod probe;
+pub mod status;
+
+use std::time::Duration;
+
+use fenced::store::{EtcdStore, StoreError, StoreOptions};
+
+use crate::config::{self, ConfigError, EtcdArgs, EtcdSettings};
+use crate::daemon::{self, ConnectError};
+
+/// How long `status`, `probe` and `attest` wait for etcd before reporting it
+/// unreachable.
+const CLI_ETCD_WAIT: Duration = Duration::from_secs(5);
+/// Claim TTL of the operator commands' store (only `attest` claims).
+const CLI_CLAIM_TTL: Duration = Duration::from_secs(120);
+
+/// An operator command failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    NodeId(#[from] fenced::node::InvalidNodeId),
+    /// An etcd read or write of the command failed.
+    #[error("cannot {what}: {source}")]
+    Store {
+        what: &'static str,
+        #[source]
+        source: StoreError,
+    },
+    #[error(transparent)]
+    Probe(#[from] probe::ProbeError),
+    #[error(transparent)]
+    Attest(#[from] attest::AttestError),
+    #[error(transparent)]
+    Leave(#[from] leave::LeaveError),
+}
+
+impl OpError {
+    /// Adapter for `map_err`: an etcd operation of the command failed.
+    fn store(what: &'static str) -> impl FnOnce(StoreError) -> Self {
+        move |source| Self::Store { what, source }
+    }
+}
+
+/// Endpoints and root from the flags, the environment or the config file; connect,
+/// waiting at most [`CLI_ETCD_WAIT`].
+async fn connect(etcd: &EtcdArgs) -> Result<EtcdStore, OpError> {
+    let file = config::load_file(etcd.config.as_deref())?;
+    let settings = EtcdSettings::resolve(etcd, &file);
+    Ok(daemon::connect(
+        &settings,
+        CLI_CLAIM_TTL,
+        &StoreOptions::default(),
+        Some(CLI_ETCD_WAIT),
+    )
+    .await?)
+}

@@ -1,0 +1,148 @@
+//! [`StoreError`]: every etcd-client error, classified once, here.
+
+/// An etcd failure, classified once, here.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// etcd could not be reached or did not answer in time (retry with backoff).
+    #[error("etcd unavailable during {op}: {source}")]
+    Unavailable {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The requested revision has been compacted away.
+    #[error("etcd revision compacted during {op}: {source}")]
+    Compacted {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// The lease is gone (expired or revoked).
+    #[error("etcd lease expired or not found during {op}: {source}")]
+    LeaseGone {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// Any other etcd error.
+    #[error("etcd error during {op}: {source}")]
+    Other {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A stored value does not parse.
+    #[error("malformed value at {key}: {what}")]
+    Malformed {
+        /// The key.
+        key: String,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+impl StoreError {
+    /// Classifies an etcd-client error. etcd-client reports some conditions only as
+    /// strings (lease keepalive) or as gRPC statuses with a message, so this is the one
+    /// place that looks at them.
+    pub fn classify(op: &'static str, source: etcd_client::Error) -> Self {
+        use etcd_client::Error as E;
+        use tonic::Code;
+        match &source {
+            E::TransportError(_) | E::IoError(_) => Self::Unavailable { op, source },
+            E::LeaseKeepAliveError(_) => Self::LeaseGone { op, source },
+            E::GRpcStatus(s) => match s.code() {
+                Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
+                    Self::Unavailable { op, source }
+                }
+                Code::Unknown if s.message().contains("transport") => {
+                    Self::Unavailable { op, source }
+                }
+                Code::OutOfRange if s.message().contains("compacted") => {
+                    Self::Compacted { op, source }
+                }
+                Code::NotFound if s.message().contains("lease not found") => {
+                    Self::LeaseGone { op, source }
+                }
+                _ => Self::Other { op, source },
+            },
+            _ => Self::Other { op, source },
+        }
+    }
+
+    /// Worth retrying with backoff.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// The revision asked for was compacted.
+    pub fn is_compacted(&self) -> bool {
+        matches!(self, Self::Compacted { .. })
+    }
+
+    /// The lease is gone.
+    pub fn is_lease_gone(&self) -> bool {
+        matches!(self, Self::LeaseGone { .. })
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A gRPC status error as etcd-client reports it.
+    pub(in crate::store) fn status(code: tonic::Code, msg: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn classification() {
+        use tonic::Code;
+        let e = StoreError::classify(
+            "watch",
+            status(
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+        );
+        assert!(e.is_compacted() && !e.is_retryable());
+        let e = StoreError::classify(
+            "txn",
+            status(Code::Unavailable, "etcdserver: leader changed"),
+        );
+        assert!(e.is_retryable());
+        let e = StoreError::classify(
+            "txn",
+            status(Code::DeadlineExceeded, "context deadline exceeded"),
+        );
+        assert!(e.is_retryable());
+        let e = StoreError::classify(
+            "lease_keep_alive",
+            status(Code::NotFound, "etcdserver: requested lease not found"),
+        );
+        assert!(e.is_lease_gone());
+        let e = StoreError::classify(
+            "lease_keep_alive",
+            etcd_client::Error::LeaseKeepAliveError("lease expired or revoked".into()),
+        );
+        assert!(e.is_lease_gone());
+        let e = StoreError::classify(
+            "txn",
+            status(
+                Code::InvalidArgument,
+                "etcdserver: too many operations in txn request",
+            ),
+        );
+        assert!(!e.is_retryable() && !e.is_compacted() && !e.is_lease_gone());
+        assert!(e.to_string().starts_with("etcd error during txn"));
+    }
+}
