@@ -12,7 +12,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use nvme_resv::{Key, ReservationType};
+use nvme_resv::{InvalidNodeId, Key, NodeId, ReservationType};
 
 /// What the agent is asked to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -410,7 +410,7 @@ pub enum OptionError {
         param: &'static str,
         /// Why.
         #[source]
-        source: NodeNameError,
+        source: InvalidNodeId,
     },
     /// Not a whole number of seconds.
     #[error("{param}={value:?} is not a whole number of seconds")]
@@ -432,47 +432,11 @@ pub enum OptionError {
     },
 }
 
-/// Why a node name cannot be used to derive a key. The rule is `fenced`'s: 1 to 63
-/// characters from `[A-Za-z0-9._-]`, starting with a letter or digit, so that a node
-/// has the same key under both tools.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum NodeNameError {
-    /// Empty.
-    #[error("empty node name")]
-    Empty,
-    /// Longer than 63 characters.
-    #[error("node name {0:?} is longer than 63 characters")]
-    TooLong(String),
-    /// A character outside the rule.
-    #[error(
-        "node name {name:?}: character {ch:?} not allowed (A-Z a-z 0-9 . _ -, starting with a letter or digit)"
-    )]
-    BadChar {
-        /// The name.
-        name: String,
-        /// The first offending character.
-        ch: char,
-    },
-}
-
-/// The key of node `name`, under the node-id rule `fenced` applies.
-pub fn node_key(name: &str) -> Result<Key, NodeNameError> {
-    if name.is_empty() {
-        return Err(NodeNameError::Empty);
-    }
-    if name.len() > 63 {
-        return Err(NodeNameError::TooLong(name.to_owned()));
-    }
-    for (i, ch) in name.chars().enumerate() {
-        if !(ch.is_ascii_alphanumeric() || (i > 0 && matches!(ch, '.' | '_' | '-'))) {
-            return Err(NodeNameError::BadChar {
-                name: name.to_owned(),
-                ch,
-            });
-        }
-    }
-    Ok(nvme_resv::key_for_node(name))
+/// The key of node `name`: [`nvme_resv::NodeId::key`], so the name must pass the rule
+/// `fenced` applies to node ids (1 to 63 characters from `[A-Za-z0-9._-]`, starting
+/// with a letter or digit) and a node has the same key under both tools.
+pub fn node_key(name: &str) -> Result<Key, InvalidNodeId> {
+    NodeId::new(name).map(|id| id.key())
 }
 
 /// Parses a reservation key: 1-16 hexadecimal digits, optional `0x`, never 0.
@@ -984,14 +948,14 @@ mod tests {
     fn node_keys_match_fenced() {
         // FNV-1a 64 reference vector: the same function fenced uses.
         assert_eq!(node_key("a").unwrap(), Key(0xaf63_dc4c_8601_ec8c));
-        assert_eq!(node_key(""), Err(NodeNameError::Empty));
+        assert_eq!(node_key(""), Err(InvalidNodeId::Empty));
         assert!(matches!(
             node_key(&"x".repeat(64)),
-            Err(NodeNameError::TooLong(_))
+            Err(InvalidNodeId::TooLong { .. })
         ));
         assert!(matches!(
             node_key("-a"),
-            Err(NodeNameError::BadChar { ch: '-', .. })
+            Err(InvalidNodeId::BadChar { ch: '-', .. })
         ));
         assert!(node_key("node1.example.com").is_ok());
     }
