@@ -17,8 +17,9 @@ use nvme_resv::{
     Acquire, Key, Namespace, Register, ReservationStatus, ReservationType, Reservations,
 };
 
+use crate::error::{Error, chain};
 use crate::options::{Action, Settings, Target};
-use crate::state::{LocalState, StateError};
+use crate::state::LocalState;
 
 /// An opened device.
 pub type Device = Box<dyn Reservations + Send>;
@@ -42,105 +43,6 @@ impl Opener for NamespaceOpener {
     }
 }
 
-/// Why one device did not do or confirm what was asked. Each names the device.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DeviceError {
-    /// A command failed or the device could not be opened.
-    #[error("{}: {step} failed", path.display())]
-    Command {
-        /// The device.
-        path: PathBuf,
-        /// What was being done.
-        step: &'static str,
-        /// The cause (OS error or NVMe status).
-        #[source]
-        source: nvme_resv::Error,
-    },
-    /// The victim's key is still in the report after the preempt.
-    #[error(
-        "{}: key {victim} is still registered after preempt-and-abort ({preempt}); {report}",
-        path.display()
-    )]
-    StillRegistered {
-        /// The device.
-        path: PathBuf,
-        /// The key that should be gone.
-        victim: Key,
-        /// What the preempt answered.
-        preempt: String,
-        /// The report that still lists it.
-        report: String,
-    },
-    /// This node's own key is not registered: it cannot fence through this device
-    /// (the device would refuse) and its word about the device is worth nothing.
-    #[error(
-        "{}: this node's key {own} is not registered ({report}): it was fenced itself or was \
-         never unfenced on this device; refusing to fence through it",
-        path.display()
-    )]
-    OwnKeyMissing {
-        /// The device.
-        path: PathBuf,
-        /// Our key.
-        own: Key,
-        /// The report.
-        report: String,
-    },
-    /// `on`: the key is not in the report after registering.
-    #[error("{}: key {key} is not in the report after Register ({report})", path.display())]
-    NotRegistered {
-        /// The device.
-        path: PathBuf,
-        /// The key.
-        key: Key,
-        /// The report.
-        report: String,
-    },
-    /// `on`: the device holds a reservation of another type than configured.
-    #[error(
-        "{}: the device holds {held}, this agent is configured for {want} ({report}); \
-         set reservation_type to match, or clear the reservation while the cluster is stopped",
-        path.display()
-    )]
-    WrongType {
-        /// The device.
-        path: PathBuf,
-        /// What the device holds.
-        held: ReservationType,
-        /// What the agent wants.
-        want: ReservationType,
-        /// The report.
-        report: String,
-    },
-    /// The device did not answer before the deadline.
-    #[error("{}: no answer within {secs} s (power_timeout); the command may still complete", path.display())]
-    Timeout {
-        /// The device.
-        path: PathBuf,
-        /// The deadline in seconds.
-        secs: u64,
-    },
-    /// The worker thread died (a bug).
-    #[error("{}: worker thread failed", path.display())]
-    Worker {
-        /// The device.
-        path: PathBuf,
-    },
-}
-
-/// An error with its sources, `: `-separated (the OS or NVMe cause is a source).
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
-}
-
 /// One line about a report: generation, registrants' keys, type.
 pub fn describe(st: &ReservationStatus) -> String {
     let keys: Vec<String> = st.registrants.iter().map(|r| r.rkey.to_string()).collect();
@@ -157,9 +59,9 @@ fn registered(st: &ReservationStatus, key: Key) -> bool {
     st.registrants.iter().any(|r| r.rkey == key)
 }
 
-fn cmd(path: &Path, step: &'static str) -> impl FnOnce(nvme_resv::Error) -> DeviceError {
+fn cmd(path: &Path, step: &'static str) -> impl FnOnce(nvme_resv::Error) -> Error {
     let path = path.to_path_buf();
-    move |source| DeviceError::Command { path, step, source }
+    move |source| Error::Command { path, step, source }
 }
 
 /// `on` on one device: register `key` for this host (idempotent: Register of the key
@@ -171,7 +73,7 @@ pub fn unfence(
     path: &Path,
     key: Key,
     rtype: ReservationType,
-) -> Result<String, DeviceError> {
+) -> Result<String, Error> {
     dev.register(&Register::register(key))
         .map_err(cmd(path, "Reservation Register"))?;
     let now = dev.report().map_err(cmd(path, "Reservation Report"))?;
@@ -189,14 +91,14 @@ pub fn unfence(
     }
     let after = dev.report().map_err(cmd(path, "Reservation Report"))?;
     if !registered(&after, key) {
-        return Err(DeviceError::NotRegistered {
+        return Err(Error::NotRegistered {
             path: path.to_path_buf(),
             key,
             report: describe(&after),
         });
     }
     if after.rtype != rtype {
-        return Err(DeviceError::WrongType {
+        return Err(Error::WrongType {
             path: path.to_path_buf(),
             held: after.rtype,
             want: rtype,
@@ -219,10 +121,10 @@ pub fn sever(
     own: Key,
     victim: Key,
     rtype: ReservationType,
-) -> Result<String, DeviceError> {
+) -> Result<String, Error> {
     let before = dev.report().map_err(cmd(path, "Reservation Report"))?;
     if !registered(&before, own) {
-        return Err(DeviceError::OwnKeyMissing {
+        return Err(Error::OwnKeyMissing {
             path: path.to_path_buf(),
             own,
             report: describe(&before),
@@ -234,7 +136,7 @@ pub fn sever(
         .report()
         .map_err(cmd(path, "Reservation Report (re-read after the preempt)"))?;
     if registered(&after, victim) {
-        return Err(DeviceError::StillRegistered {
+        return Err(Error::StillRegistered {
             path: path.to_path_buf(),
             victim,
             preempt: match &preempt {
@@ -246,7 +148,7 @@ pub fn sever(
         });
     }
     if !registered(&after, own) {
-        return Err(DeviceError::OwnKeyMissing {
+        return Err(Error::OwnKeyMissing {
             path: path.to_path_buf(),
             own,
             report: describe(&after),
@@ -265,22 +167,22 @@ pub fn is_registered(
     dev: &dyn Reservations,
     path: &Path,
     key: Key,
-) -> Result<(bool, String), DeviceError> {
+) -> Result<(bool, String), Error> {
     let st = dev.report().map_err(cmd(path, "Reservation Report"))?;
     Ok((registered(&st, key), describe(&st)))
 }
 
-type Work<T> = dyn Fn(&dyn Reservations, &Path) -> Result<T, DeviceError> + Send + Sync;
+type Work<T> = dyn Fn(&dyn Reservations, &Path) -> Result<T, Error> + Send + Sync;
 
 /// Runs `work` on every device, each in its own thread, and collects the answers in
 /// device order; a device that has not answered within `timeout` is a
-/// [`DeviceError::Timeout`] (its thread is left behind: the process exits soon after).
+/// [`Error::Timeout`] (its thread is left behind: the process exits soon after).
 pub fn on_every_device<T: Send + 'static>(
     opener: &Arc<dyn Opener>,
     devices: &[PathBuf],
     timeout: Duration,
     work: Arc<Work<T>>,
-) -> Vec<(PathBuf, Result<T, DeviceError>)> {
+) -> Vec<(PathBuf, Result<T, Error>)> {
     let (tx, rx) = mpsc::channel();
     for (i, path) in devices.iter().enumerate() {
         let (tx, opener, work, path) = (tx.clone(), opener.clone(), work.clone(), path.clone());
@@ -294,7 +196,7 @@ pub fn on_every_device<T: Send + 'static>(
         });
     }
     drop(tx);
-    let mut results: Vec<Option<Result<T, DeviceError>>> = devices.iter().map(|_| None).collect();
+    let mut results: Vec<Option<Result<T, Error>>> = devices.iter().map(|_| None).collect();
     let deadline = Instant::now() + timeout;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -314,12 +216,12 @@ pub fn on_every_device<T: Send + 'static>(
         .map(|(p, r)| {
             let r = r.unwrap_or_else(|| {
                 Err(if timed_out {
-                    DeviceError::Timeout {
+                    Error::Timeout {
                         path: p.clone(),
                         secs: timeout.as_secs(),
                     }
                 } else {
-                    DeviceError::Worker { path: p.clone() }
+                    Error::Worker { path: p.clone() }
                 })
             });
             (p.clone(), r)
@@ -398,7 +300,7 @@ fn on(s: &Settings, opener: &Arc<dyn Opener>, mut out: Outcome) -> Outcome {
                 s.state_file.display()
             ));
         }
-        Ok(_) | Err(StateError::Missing { .. }) => {}
+        Ok(_) | Err(Error::NotUnfenced { .. }) => {}
         Err(e) => return out.failed(chain(&e)),
     }
     let (key, rtype) = (t.key, s.rtype);
@@ -617,7 +519,7 @@ pub fn check(state_file: &Path, opener: &Arc<dyn Opener>, timeout: Duration) -> 
     let mut out = Outcome::default();
     let me = match LocalState::load(state_file) {
         Ok(me) => me,
-        Err(StateError::Missing { path }) => {
+        Err(Error::NotUnfenced { path }) => {
             out.stderr.push(format!(
                 "fence_nvme_check: {} does not exist: not unfenced yet, nothing to check",
                 path.display()

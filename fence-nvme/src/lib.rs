@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod agent;
+pub mod error;
 pub mod metadata;
 pub mod options;
 pub mod state;
@@ -20,7 +21,8 @@ pub mod state;
 use std::io::Read;
 use std::sync::Arc;
 
-use agent::{NamespaceOpener, Opener, Outcome, chain};
+use agent::{NamespaceOpener, Opener, Outcome};
+pub use error::{Error, chain};
 use options::{Action, Input, Settings};
 
 /// The agent's version, printed by `--version`.

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use nvme_resv::Key;
 
+use crate::error::Error;
 use crate::options::parse_key;
 
 /// The record.
@@ -21,43 +22,6 @@ pub struct LocalState {
     pub key: Key,
     /// The devices it registered on.
     pub devices: Vec<PathBuf>,
-}
-
-/// Why the record could not be read or written.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StateError {
-    /// No record: this node has not been unfenced (`on`) since the host started.
-    #[error(
-        "{} does not exist: this node has not been unfenced since it started (Pacemaker runs \
-         `on` on a node before it starts resources; run `fence_nvme -o on -n <this node> -d ...`)",
-        path.display()
-    )]
-    Missing {
-        /// The path.
-        path: PathBuf,
-    },
-    /// Reading or writing failed.
-    #[error("{what} {}", path.display())]
-    Io {
-        /// `reading`, `writing`, ...
-        what: &'static str,
-        /// The path.
-        path: PathBuf,
-        /// The OS error.
-        #[source]
-        source: io::Error,
-    },
-    /// The file is not a record this agent wrote.
-    #[error("{} line {line}: {why} (remove the file and run `on` again)", path.display())]
-    Invalid {
-        /// The path.
-        path: PathBuf,
-        /// 1-based line number (0: the file as a whole).
-        line: usize,
-        /// What is wrong.
-        why: &'static str,
-    },
 }
 
 impl LocalState {
@@ -77,8 +41,8 @@ impl LocalState {
     }
 
     /// Parses the file's text.
-    pub fn parse(path: &Path, text: &str) -> Result<Self, StateError> {
-        let invalid = |line, why| StateError::Invalid {
+    pub fn parse(path: &Path, text: &str) -> Result<Self, Error> {
+        let invalid = |line, why| Error::StateInvalid {
             path: path.to_path_buf(),
             line,
             why,
@@ -106,13 +70,13 @@ impl LocalState {
     }
 
     /// Reads the record at `path`.
-    pub fn load(path: &Path) -> Result<Self, StateError> {
+    pub fn load(path: &Path) -> Result<Self, Error> {
         match fs::read_to_string(path) {
             Ok(text) => Self::parse(path, &text),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(StateError::Missing {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(Error::NotUnfenced {
                 path: path.to_path_buf(),
             }),
-            Err(source) => Err(StateError::Io {
+            Err(source) => Err(Error::StateIo {
                 what: "reading",
                 path: path.to_path_buf(),
                 source,
@@ -121,10 +85,10 @@ impl LocalState {
     }
 
     /// Writes the record to `path` (creating its directory), atomically.
-    pub fn store(&self, path: &Path) -> Result<(), StateError> {
+    pub fn store(&self, path: &Path) -> Result<(), Error> {
         let io = |what, p: &Path| {
             let p = p.to_path_buf();
-            move |source| StateError::Io {
+            move |source| Error::StateIo {
                 what,
                 path: p,
                 source,
@@ -164,7 +128,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("state");
         let e = LocalState::load(&path).unwrap_err();
-        assert!(matches!(e, StateError::Missing { .. }));
+        assert!(matches!(e, Error::NotUnfenced { .. }));
         assert!(e.to_string().contains("has not been unfenced"));
         for (text, why) in [
             ("key=0x1\n", "no device= line"),
