@@ -6,7 +6,8 @@
 # Every agent call is made the way Pacemaker's fencer makes it: no arguments, the
 # parameters as key=value lines on standard input (the lines pacemaker-fenced 2.1.5
 # sends: nodename, action, port, then the device's parameters). Node names: na, nb, nc.
-#   1. `on` for each host: every key on both namespaces, one WE-AR reservation
+#   1. `on` for each host: every key on both namespaces, one WE-AR reservation; monitor
+#      (and its refusal of the namespace without reservations), list
 #   2. `off` of nc from A: both namespaces sever C (O_DIRECT write fails EBADE, nvme-cli's
 #      report shows the key gone), `status` says off, the watchdog check on C fails
 #   3. `off` of A itself from A: refused, nothing changed
@@ -63,6 +64,13 @@ for d in $A1 $A3; do
 done
 say "reports: $A1: $(keys_on $A1)/ rtype $(rtype_on $A1); $A3: $(keys_on $A3)/ rtype $(rtype_on $A3)"
 for d in $C1 $C3; do write_direct "$d" || fail "C cannot write $d before the fence: $(cat /tmp/dd)"; done
+# monitor (the lines pacemaker-fenced sends for it: action and the parameters) and list.
+printf 'action=monitor\nverbose=1\ndevices=%s,%s\n' "$A1" "$A3" | fence_nvme >/tmp/out 2>&1 || fail "monitor: $(cat /tmp/out)"
+printf 'action=monitor\ndevices=%s,%s\n' "$A1" "$NORESV" | fence_nvme >/tmp/out 2>&1 && fail "monitor accepted $NORESV"
+grep -q "1 of 2 device(s) unusable: $NORESV" /tmp/out || fail "monitor did not name $NORESV: $(cat /tmp/out)"
+agent A list x
+expect_rc 0 "list"
+expect_out "^$(key_of nc),$A3\$" "list"
 agent A status nc
 expect_rc 0 "status nc before the fence"
 expect_out "Status: ON" "status nc before the fence"
