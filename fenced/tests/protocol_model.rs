@@ -1,4 +1,5 @@
-//! A stateright model of the fencing protocol (issue 8, DESIGN.md invariants 1–5).
+//! A stateright model of the fencing protocol (issue 8, DESIGN.md invariants 1–5; issue
+//! 14, invariant 6).
 //!
 //! The model is the protocol of `fenced/src` (store.rs transactions, controller.rs
 //! driver, core.rs decisions, agent.rs start/run/leave) reduced to what decides
@@ -35,6 +36,16 @@
 //!   forced: a hung node that keeps writing is the case the protocol exists for.
 //! - Agents die only by `self_fence` or leaving; a crash of the agent process is the
 //!   same as a `self_fence` after its lease expired. Fresh starts are budgeted.
+//! - The host model (`Config::host`, issue 14): the writer is the host's application, a
+//!   process apart from the daemon. A daemon that exits (`self_fence` with
+//!   `--on-fence exit`, or a `daemon restart` by the service manager, budgeted) leaves
+//!   it writing the arenas it had; it writes whenever the device holds the node's key.
+//!   Each host has a boot id, recorded by `join`; a `host reboot` (budgeted) kills the
+//!   daemon and every writer and changes the boot id. An operator's `unfence`
+//!   (budgeted, refused while the node is a member) is modelled with what its audited
+//!   reason attests: the node's daemon and applications were stopped first. Without the
+//!   host model the writer dies with its daemon (every start is as good as one after a
+//!   reboot), which is what the configurations before issue 14 check.
 //! - Not modelled: the audit record, the operator-attested fence, the EBS fencer (its
 //!   detach+poll is the same sever/verify pair), the agent unregistering its own key
 //!   (folded into `depart`), `drop_stale` as a separate transaction (it is guarded by
@@ -49,6 +60,10 @@
 //! | `n: release_own_arenas` | `release_own_arenas` | store.rs `release_arena` |
 //! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store.rs `depart` |
 //! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent.rs `run` |
+//! | `n: refuse_restart` | `refuse_restart` (fenced since the last join, same boot, no `unfence`: exit before `join`) | agent.rs `start` |
+//! | `n: daemon restart` | the service manager stops the daemon (its writer keeps running) | — |
+//! | `n: host reboot` | reboot: new boot id, writers gone | — |
+//! | `operator: unfence` | `fenced unfence --node-id N --reason ...` (refused while N is a member) | ops/ |
 //! | `etcd: lease_expired` | `lease_expired` | etcd |
 //! | `c: watch_delete` | `watch_delete` | controller.rs `watch_loop` |
 //! | `c: watch_compacted` | `watch_compacted` | controller.rs `watch_loop` |
@@ -70,6 +85,12 @@
 //! 3. `claim_arenas` adopts `owned_arenas` by a plain read: a node whose lease expired
 //!    between `join` and `unfence` registers after the fence verified, adopts its old
 //!    arena, and writes it after the fence released it (invariant 1).
+//!
+//! Issue 14, part 1 (invariant 6), against the code before it: a restarted daemon
+//! joins and registers its key regardless of an earlier fence, so the application
+//! its previous instance fed, still running, writes into an arena already handed to
+//! another node (invariant 1). [`Protocol::SAFE`] refuses such a start
+//! (`refuse_restart_after_fence`).
 
 #[path = "protocol_model/model.rs"]
 mod model;
@@ -90,6 +111,9 @@ const NONE: Budget = Budget {
     sever_failures: 0,
     claim_expiries: 0,
     watch_faults: 0,
+    daemon_restarts: 0,
+    reboots: 0,
+    unfences: 0,
 };
 
 fn cfg(protocol: Protocol, budget: Budget) -> Config {
@@ -98,8 +122,26 @@ fn cfg(protocol: Protocol, budget: Budget) -> Config {
         protocol,
         budget,
         start_expired: false,
+        host: false,
     }
 }
+
+/// The host model: writers outlive their daemon; boot ids, reboots and `unfence`.
+fn host_cfg(protocol: Protocol, budget: Budget) -> Config {
+    Config {
+        host: true,
+        ..cfg(protocol, budget)
+    }
+}
+
+/// One expiry, one fresh start, one daemon restart, one reboot, one operator unfence.
+const HOST: Budget = Budget {
+    restarts: 1,
+    daemon_restarts: 1,
+    reboots: 1,
+    unfences: 1,
+    ..NONE
+};
 
 struct Outcome {
     unique: usize,
@@ -288,6 +330,29 @@ fn single_signal_mode_never_releases_arenas() {
     o.assert_safe(&[S_FENCED]);
     assert!(!o.discovered.contains(S_ARENA_REASSIGNED));
     assert_eq!((o.unique, o.total), (4_853, 15_170), "state count changed");
+}
+
+/// Invariant 6. n1's application outlives its daemon (`self_fence` or a restart by
+/// the service manager); after n1 is fenced and `a0` handed to n0, a fresh start on
+/// the same boot is refused, and n1 registers again only after its host rebooted or an
+/// operator stopped the application and ran `unfence`.
+#[test]
+fn safe_when_writers_outlive_daemon_restarts() {
+    let o = check(host_cfg(Protocol::SAFE, HOST));
+    o.assert_safe(&[
+        S_FENCED,
+        S_ARENA_REASSIGNED,
+        S_RESTART_REFUSED,
+        S_UNFENCE_REJOIN,
+        S_REBOOT_REJOIN,
+    ]);
+    assert!(
+        o.model
+            .properties()
+            .iter()
+            .any(|p| p.name == I1_FENCED_NO_WRITE)
+    );
+    assert_eq!((o.unique, o.total), (14_926, 51_203), "state count changed");
 }
 
 // ---------------------------------------------------------------- liveness
@@ -576,4 +641,38 @@ fn adoption_by_plain_read_lets_a_fenced_instance_write() {
     let steps = find(config(without), I1_FENCED_NO_WRITE).expect("stale writer");
     assert!(steps.iter().any(|s| s.contains("unfence")));
     assert!(find(config(Protocol::SAFE), I1_FENCED_NO_WRITE).is_none());
+}
+
+/// Issue 14, part 1 (invariant 6): the code before it let a restarted daemon join and
+/// register its key regardless. The application its previous instance fed kept
+/// running, so it writes again into `a0`, already handed to n0 (invariant 1).
+#[test]
+fn restart_that_registers_regardless_lets_the_old_writer_write() {
+    let old = Protocol {
+        refuse_restart_after_fence: false,
+        ..Protocol::SAFE
+    };
+    let steps = find(host_cfg(old, HOST), I1_ARENA).expect("stale writer after a restart");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    // Fenced (arena freed), then a fresh start on the same boot registers the key.
+    let bump = at("[bump").expect("a fence completed");
+    let join = at("n1: join").expect("n1 started again");
+    assert!(bump < join, "{steps:?}");
+    assert!(at("n1: unfence").is_some(), "{steps:?}");
+    assert!(
+        at("reboot").is_none() && at("operator").is_none(),
+        "{steps:?}"
+    );
+    assert!(find(host_cfg(old, HOST), I1_FENCED_NO_WRITE).is_some());
+    // The refusal closes it, same budget.
+    assert!(find(host_cfg(Protocol::SAFE, HOST), I1_ARENA).is_none());
+    // Without the host model (the writer dies with its daemon) the old code is safe:
+    // the finding needs the writer that outlives the daemon.
+    let no_host = Budget {
+        daemon_restarts: 0,
+        reboots: 0,
+        unfences: 0,
+        ..HOST
+    };
+    assert!(find(cfg(old, no_host), I1_ARENA).is_none());
 }
