@@ -54,13 +54,13 @@
 //! | model action | implementation step (FenceStep / agent / watch names) | where |
 //! |---|---|---|
 //! | `n: join` | `join` + `read_own_generation` (one txn: membership on lease, drops `fence_pending`, `fence_done`, `departed`; refused while claimed) | store.rs `join` |
-//! | `n: unfence` | `unfence` (register key, WERO if none) | agent.rs `unfence` |
+//! | `n: unfence` | `unfence` (register key, WERO if none; host model: the boot id of the registration is recorded first) | agent.rs `unfence` |
 //! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent.rs `claim_arenas` |
 //! | `n: quiesce` | `quiesce` | agent.rs `leave` |
 //! | `n: release_own_arenas` | `release_own_arenas` | store.rs `release_arena` |
 //! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store.rs `depart` |
 //! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent.rs `run` |
-//! | `n: refuse_restart` | `refuse_restart` (fenced since the last join, same boot, no `unfence`: exit before `join`) | agent.rs `start` |
+//! | `n: refuse_restart` | `refuse_restart`: at start (fenced since the last join, same boot, no `unfence`: exit before `join`), or at `unfence` (key gone, this boot registered it already, no `unfence`: exit unregistered) | agent.rs `start` |
 //! | `n: daemon restart` | the service manager stops the daemon (its writer keeps running) | — |
 //! | `n: host reboot` | reboot: new boot id, writers gone | — |
 //! | `operator: unfence` | `fenced unfence --node-id N --reason ...` (refused while N is a member) | ops/ |
@@ -90,7 +90,18 @@
 //! joins and registers its key regardless of an earlier fence, so the application
 //! its previous instance fed, still running, writes into an arena already handed to
 //! another node (invariant 1). [`Protocol::SAFE`] refuses such a start
-//! (`refuse_restart_after_fence`).
+//! (`refuse_restart_after_fence`). Finding 4 against issue 14's rule as written (the
+//! check at start only): an instance that joined before the fence passes the start
+//! check and registers after the fence verified; the earlier instance's application
+//! writes into the freed arena. [`Protocol::SAFE`] also registers at most once per
+//! boot (`register_once_per_boot`, fence_scsi's rule: an instance that finds its key
+//! gone on a boot that registered it already exits unregistered).
+//!
+//! Invariant 6 is checked for what it protects (no writer of the fenced host writes
+//! again: I1 with writers that outlive their daemon), not literally: a host that
+//! rebooted, joined, and was fenced before its first registration on the new boot may
+//! still register once after the fence, with no writer on that boot to use it (its
+//! own `claim_arena` needs live membership, and every later start is refused).
 
 #[path = "protocol_model/model.rs"]
 mod model;
@@ -650,6 +661,7 @@ fn adoption_by_plain_read_lets_a_fenced_instance_write() {
 fn restart_that_registers_regardless_lets_the_old_writer_write() {
     let old = Protocol {
         refuse_restart_after_fence: false,
+        register_once_per_boot: false,
         ..Protocol::SAFE
     };
     let steps = find(host_cfg(old, HOST), I1_ARENA).expect("stale writer after a restart");
@@ -664,7 +676,13 @@ fn restart_that_registers_regardless_lets_the_old_writer_write() {
         "{steps:?}"
     );
     assert!(find(host_cfg(old, HOST), I1_FENCED_NO_WRITE).is_some());
-    // The refusal closes it, same budget.
+    // The refusal closes it, same budget: the one at start (issue 14's rule) alone...
+    let start_check_only = Protocol {
+        refuse_restart_after_fence: true,
+        ..old
+    };
+    assert!(find(host_cfg(start_check_only, HOST), I1_ARENA).is_none());
+    // ... and with the one at `unfence` (SAFE).
     assert!(find(host_cfg(Protocol::SAFE, HOST), I1_ARENA).is_none());
     // Without the host model (the writer dies with its daemon) the old code is safe:
     // the finding needs the writer that outlives the daemon.
@@ -675,4 +693,40 @@ fn restart_that_registers_regardless_lets_the_old_writer_write() {
         ..HOST
     };
     assert!(find(cfg(old, no_host), I1_ARENA).is_none());
+}
+
+/// Finding 4 (invariant 6): the refusal at start alone is not enough. An instance
+/// that joined before the fence (so the start check passed) registers its key after
+/// the fence verified, and the application an earlier instance fed, still running,
+/// writes into the arena the fence freed. Registering at most once per boot
+/// (`register_once_per_boot`, fence_scsi's rule) closes it.
+#[test]
+fn instance_joined_before_the_fence_registers_after_it() {
+    let start_check_only = Protocol {
+        register_once_per_boot: false,
+        ..Protocol::SAFE
+    };
+    let budget = Budget {
+        expiries: 2,
+        restarts: 1,
+        ..NONE
+    };
+    let steps = find(host_cfg(start_check_only, budget), I1_ARENA).expect("late registration");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    let join = at("n1: join").expect("n1 started again");
+    let verify = at("[verify]").expect("the fence verified");
+    let unfence = at("n1: unfence").expect("n1 registered");
+    assert!(join < verify && verify < unfence, "{steps:?}");
+    assert!(
+        at("reboot").is_none() && at("operator").is_none(),
+        "{steps:?}"
+    );
+    // Same budget, registration at most once per boot: safe.
+    let o = check(host_cfg(Protocol::SAFE, budget));
+    o.assert_safe(&[S_FENCED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (86_622, 391_273),
+        "state count changed"
+    );
 }

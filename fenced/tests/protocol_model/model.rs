@@ -51,6 +51,13 @@ pub struct Protocol {
     /// before issue 14) a restarted daemon joins and registers its key regardless.
     /// Only the host model ([`Config::host`]) distinguishes the two.
     pub refuse_restart_after_fence: bool,
+    /// Invariant 6 at `unfence` (model finding 4): the key is registered at most once
+    /// per boot (fence_scsi registers only at boot). An instance whose key is gone on
+    /// a boot that registered it already refuses to register, unless an operator ran
+    /// `unfence` since. Without it, an instance that joined before a fence (the start
+    /// check passed) registers after the fence verified, and the application an
+    /// earlier instance fed writes again. Host model only.
+    pub register_once_per_boot: bool,
 }
 
 impl Protocol {
@@ -65,6 +72,7 @@ impl Protocol {
         bump_without_confirmation: false,
         depart_unconditioned: false,
         refuse_restart_after_fence: false,
+        register_once_per_boot: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -77,6 +85,7 @@ impl Protocol {
         adopt_requires_live_membership: true,
         release_requires_live_membership: true,
         refuse_restart_after_fence: true,
+        register_once_per_boot: true,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -321,6 +330,9 @@ pub struct Etcd {
     pub boot: [u8; N],
     /// Host model: an operator's audited `unfence` since the node's last `join`.
     pub unfenced: [bool; N],
+    /// Host model: the boot id on which the node last registered its key (0: cleared
+    /// by an operator's `unfence`).
+    pub reg_boot: [u8; N],
 }
 
 /// How a node's last membership ended (ghost).
@@ -359,6 +371,8 @@ pub mod seen {
     pub const UNFENCED_THEN_JOINED: u16 = 1 << 9;
     /// A fenced node joined again after its host rebooted.
     pub const REBOOTED_THEN_JOINED: u16 = 1 << 10;
+    /// An instance that joined refused to register a key this boot had registered.
+    pub const REGISTER_REFUSED: u16 = 1 << 11;
 }
 
 /// Per-node ghost state (never read by the protocol, only by properties).
@@ -572,6 +586,15 @@ impl State {
         };
     }
 
+    /// Invariant 6 at `unfence` (`register_once_per_boot`): the device does not hold
+    /// the key, and this boot already registered it once (no operator `unfence` since).
+    fn register_refused(&self, n: usize, cfg: &Config) -> bool {
+        cfg.host
+            && cfg.protocol.register_once_per_boot
+            && !self.registered[n]
+            && self.etcd.reg_boot[n] == self.hosts[n].boot
+    }
+
     /// Invariant 6: node `n`'s fresh start must refuse to register.
     fn restart_refused(&self, n: usize, cfg: &Config) -> bool {
         cfg.host
@@ -622,6 +645,7 @@ impl ProtocolModel {
             free: [true; A],
             boot: [1; N],
             unfenced: [false; N],
+            reg_boot: [1; N],
         };
         let active = Agent {
             phase: Phase::Active,
@@ -733,8 +757,13 @@ impl ProtocolModel {
             }
             Action::Unfence(n) => {
                 let n = n as usize;
-                if s.agents[n].phase != Phase::Joined {
+                if s.agents[n].phase != Phase::Joined || s.register_refused(n, &self.cfg) {
                     return None;
+                }
+                if self.cfg.host && !s.registered[n] {
+                    // Recorded before the device call: a crash between the two only
+                    // makes the next start on this boot refuse.
+                    t.etcd.reg_boot[n] = s.hosts[n].boot;
                 }
                 t.registered[n] = true;
                 t.agents[n].phase = Phase::Unfenced;
@@ -862,16 +891,28 @@ impl ProtocolModel {
             }
             Action::RefuseRestart(n) => {
                 let n = n as usize;
-                if s.agents[n].phase != Phase::Offline
-                    || s.budget.restarts == 0
-                    || !s.restart_refused(n, &self.cfg)
-                {
-                    return None;
-                }
-                // Nothing changes in etcd or on the device; the start exits.
-                t.seen |= seen::RESTART_REFUSED;
-                if t == *s {
-                    return None;
+                match s.agents[n].phase {
+                    Phase::Offline => {
+                        if s.budget.restarts == 0 || !s.restart_refused(n, &self.cfg) {
+                            return None;
+                        }
+                        // Nothing changes in etcd or on the device; the start exits.
+                        t.seen |= seen::RESTART_REFUSED;
+                        if t == *s {
+                            return None;
+                        }
+                    }
+                    Phase::Joined => {
+                        if !s.register_refused(n, &self.cfg) {
+                            return None;
+                        }
+                        // At `unfence`: the key is gone and this boot registered it
+                        // once already. Exit without registering (the membership
+                        // expires and the node is fenced as usual).
+                        t.seen |= seen::REGISTER_REFUSED;
+                        t.daemon_stops(n, true);
+                    }
+                    _ => return None,
                 }
             }
             _ => unreachable!("not an agent action"),
@@ -959,6 +1000,7 @@ impl ProtocolModel {
                 t.hosts[n].writer = [false; A];
                 t.hosts[n].writer_gen = 0;
                 t.etcd.unfenced[n] = true;
+                t.etcd.reg_boot[n] = 0;
             }
             _ => unreachable!("not an environment action"),
         }
@@ -1291,7 +1333,7 @@ impl Model for ProtocolModel {
             let i = n as usize;
             match s.agents[i].phase {
                 Phase::Offline => out.extend([Action::Join(n), Action::RefuseRestart(n)]),
-                Phase::Joined => out.push(Action::Unfence(n)),
+                Phase::Joined => out.extend([Action::Unfence(n), Action::RefuseRestart(n)]),
                 Phase::Unfenced => out.push(Action::ClaimArena(n)),
                 Phase::Active => out.extend([Action::Quiesce(n), Action::ReleaseOwnArenas(n)]),
                 Phase::Quiesced => out.push(Action::ReleaseOwnArenas(n)),
@@ -1452,6 +1494,9 @@ impl Model for ProtocolModel {
             props.push(Property::sometimes(S_RESTART_REFUSED, |_, s: &State| {
                 s.seen & seen::RESTART_REFUSED != 0
             }));
+            props.push(Property::sometimes(S_REGISTER_REFUSED, |_, s: &State| {
+                s.seen & seen::REGISTER_REFUSED != 0
+            }));
             props.push(Property::sometimes(S_UNFENCE_REJOIN, |_, s: &State| {
                 s.seen & seen::UNFENCED_THEN_JOINED != 0
             }));
@@ -1518,3 +1563,6 @@ pub const S_RESTART_REFUSED: &str = "a fenced node's restart on the same boot re
 pub const S_UNFENCE_REJOIN: &str = "a fenced node rejoined after an operator's unfence";
 /// Reachability (host model).
 pub const S_REBOOT_REJOIN: &str = "a fenced node rejoined after its host rebooted";
+/// Reachability (host model).
+pub const S_REGISTER_REFUSED: &str =
+    "an instance that joined before a fence refused to register after it";
