@@ -97,6 +97,11 @@
 //! boot (`register_once_per_boot`, fence_scsi's rule: an instance that finds its key
 //! gone on a boot that registered it already exits unregistered).
 //!
+//! Finding 5, issue 14 part 4 (open): `quiesce` stops only this instance's writes; an
+//! application an earlier instance left running still writes the arena `leave` gives
+//! back. `unregister_before_release` closes it (not in [`Protocol::SAFE`] until the
+//! code does it).
+//!
 //! Invariant 6 is checked for what it protects (no writer of the fenced host writes
 //! again: I1 with writers that outlive their daemon), not literally: a host that
 //! rebooted, joined, and was fenced before its first registration on the new boot may
@@ -727,6 +732,37 @@ fn instance_joined_before_the_fence_registers_after_it() {
     assert_eq!(
         (o.unique, o.total),
         (86_622, 391_273),
+        "state count changed"
+    );
+}
+
+/// Finding 5 (issue 14, part 4): `quiesce` stops only this instance's writes. An
+/// instance that started after its predecessor self-fenced (not fenced yet, so the
+/// restart is allowed) adopts `a0`, leaves, and gives `a0` back while the application
+/// the predecessor fed still writes it. Unregistering the key before
+/// `release_own_arenas` closes it; `Protocol::SAFE` gains that flag when part 4 lands.
+#[test]
+fn leave_with_an_earlier_application_running_is_caught() {
+    let budget = Budget {
+        restarts: 1,
+        departures: 1,
+        ..NONE
+    };
+    let steps = find(host_cfg(Protocol::SAFE, budget), I1_ARENA).expect("stale writer");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    let self_fence = at("n1: self_fence").expect("the first instance exited");
+    let release = at("n1: release_own_arenas").expect("n1 gave a0 back");
+    assert!(self_fence < release, "{steps:?}");
+    assert!(at("[bump").is_none(), "not fenced: {steps:?}");
+    let unregister_first = Protocol {
+        unregister_before_release: true,
+        ..Protocol::SAFE
+    };
+    let o = check(host_cfg(unregister_first, budget));
+    o.assert_safe(&[S_FENCED, S_HONOURED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (44_189, 164_803),
         "state count changed"
     );
 }

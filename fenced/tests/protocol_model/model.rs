@@ -58,6 +58,11 @@ pub struct Protocol {
     /// check passed) registers after the fence verified, and the application an
     /// earlier instance fed writes again. Host model only.
     pub register_once_per_boot: bool,
+    /// Issue 14, part 4 (model finding 5): `leave` unregisters the node's key before
+    /// `release_own_arenas`, so an application an earlier instance left running cannot
+    /// write an arena once it is given back. Not in [`Protocol::SAFE`] yet (part 4 is
+    /// open): without it, `quiesce` stops only this instance's writes.
+    pub unregister_before_release: bool,
 }
 
 impl Protocol {
@@ -73,6 +78,7 @@ impl Protocol {
         depart_unconditioned: false,
         refuse_restart_after_fence: false,
         register_once_per_boot: false,
+        unregister_before_release: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -819,6 +825,8 @@ impl ProtocolModel {
                     t.budget.departures -= 1;
                 } else if ag.phase != Phase::Quiesced {
                     return None;
+                } else if p.unregister_before_release {
+                    t.registered[n] = false;
                 }
                 // One owner-conditioned transaction per arena (store.rs `release_arena`).
                 let live = s.etcd.member[n] == Some(ag.instance);
