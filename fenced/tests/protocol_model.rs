@@ -103,10 +103,13 @@
 //! code does it).
 //!
 //! Invariant 6 is checked for what it protects (no writer of the fenced host writes
-//! again: I1 with writers that outlive their daemon), not literally: a host that
-//! rebooted, joined, and was fenced before its first registration on the new boot may
-//! still register once after the fence, with no writer on that boot to use it (its
-//! own `claim_arena` needs live membership, and every later start is refused).
+//! again: I1 with writers that outlive their daemon), not literally. The first
+//! registration on a new boot, or the first after an operator's `unfence`, can race a
+//! fence (the device call and the etcd check are not one step) and land after it; no
+//! writer exists then to use the key (writers start only from an instance that
+//! registered, and its `claim_arena` needs live membership), and every later start on
+//! that boot is refused. (A scratch ghost property "no registration after a fence on
+//! a boot that had registered" found only such traces.)
 
 #[path = "protocol_model/model.rs"]
 mod model;
