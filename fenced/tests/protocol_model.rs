@@ -108,8 +108,8 @@
 //! fence (the device call and the etcd check are not one step) and land after it; no
 //! writer exists then to use the key (writers start only from an instance that
 //! registered, and its `claim_arena` needs live membership), and every later start on
-//! that boot is refused. (A scratch ghost property "no registration after a fence on
-//! a boot that had registered" found only such traces.)
+//! that boot is refused. (A scratch ghost property for the literal reading reported
+//! such traces as its first counter-examples; it is not kept, as it does not hold.)
 
 #[path = "protocol_model/model.rs"]
 mod model;
