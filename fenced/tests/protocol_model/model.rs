@@ -45,9 +45,10 @@ pub struct Protocol {
     pub bump_without_confirmation: bool,
     /// BROKEN variant: the `depart` transaction is not conditioned on live membership.
     pub depart_unconditioned: bool,
-    /// Invariant 6 (issue 14): a fresh start of a node fenced since its last `join`,
-    /// on the boot recorded at that `join`, refuses to register (`refuse_restart`)
-    /// until the host rebooted or an operator ran `unfence`. Without it (the code
+    /// Invariant 6 (issue 14): a fresh start of a node fenced since its last `join`
+    /// (`fence_done/<node>` present: `join` drops it), on the boot recorded at that
+    /// `join`, refuses before joining (`refuse_restart`) until the host rebooted or an
+    /// operator ran `unfence`. Without it (the code
     /// before issue 14) a restarted daemon joins and registers its key regardless.
     /// Only the host model ([`Config::host`]) distinguishes the two.
     pub refuse_restart_after_fence: bool,
@@ -85,7 +86,8 @@ impl Protocol {
     /// the watch-path claim requires no fence mark written since the DELETE
     /// (`ClaimGuard::Watch { deleted_rev }`), `release_arena` and `adopt_arenas` are
     /// conditioned on live membership. `CODE_AT_9866C49` is kept as the record of
-    /// what the checker found. Issue 14 adds the restart refusal (invariant 6).
+    /// what the checker found. Issue 14 adds invariant 6's refusals, at start and at
+    /// `unfence` (what the model asks of the daemon; see the crate doc).
     pub const SAFE: Self = Self {
         watch_claim_requires_not_done: true,
         adopt_requires_live_membership: true,
@@ -444,8 +446,10 @@ pub enum Action {
     /// Host: the service manager restarts the daemon on the same boot; the daemon
     /// stops, the host's writer keeps running.
     DaemonRestart(u8),
-    /// Agent: `refuse_restart` (fenced since its last join, same boot, no operator
-    /// `unfence`): the start exits without joining or registering.
+    /// Agent: `refuse_restart`. At start (fenced since its last join, same boot, no
+    /// operator `unfence`): exit without joining or registering. At `unfence` (the key
+    /// is gone and this boot registered it already, no operator `unfence`): exit
+    /// without registering.
     RefuseRestart(u8),
     /// Host: reboot (the daemon and every writer die; new boot id).
     Reboot(u8),
