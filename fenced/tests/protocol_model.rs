@@ -1,14 +1,14 @@
 //! A stateright model of the fencing protocol (issue 8, DESIGN.md invariants 1–5; issue
 //! 14, invariant 6).
 //!
-//! The model is the protocol of `fenced/src` (store.rs transactions, controller.rs
-//! driver, core.rs decisions, agent.rs start/run/leave) reduced to what decides
+//! The model is the protocol of `fenced/src` (store/ transactions, controller.rs
+//! driver, core/ decisions, agent/ start/run/leave) reduced to what decides
 //! safety: which etcd keys exist, which keys the device holds, which I/O gates are open.
 //! Everything runs exhaustively (BFS) from one initial state:
 //!
 //! - 2 nodes, 2 controllers, 1 arena. `n0` is starting (joined, registered, about to
 //!   `claim_arena`); `n1` is active and owns and writes `a0`. Both are known (`gen/`).
-//! - etcd is linearizable: every transaction of store.rs is one atomic model step.
+//! - etcd is linearizable: every transaction of store/ is one atomic model step.
 //!   Revisions are modelled only where the code compares them: `mod_revision` of
 //!   `fence_pending`/`fence_done`/`departed` (the sweep's `recheck_intent`) and the
 //!   claim's `create_revision` (the finishing transaction) are per-key stamps that
@@ -53,14 +53,14 @@
 //!
 //! | model action | implementation step (FenceStep / agent / watch names) | where |
 //! |---|---|---|
-//! | `n: join` | `join` + `read_own_generation` (one txn: membership on lease, drops `fence_pending`, `fence_done`, `departed`; refused while claimed) | store.rs `join` |
-//! | `n: unfence` | `unfence` (register key, WERO if none; host model: the boot id of the registration is recorded first) | agent.rs `unfence` |
-//! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent.rs `claim_arenas` |
-//! | `n: quiesce` | `quiesce` | agent.rs `leave` |
-//! | `n: release_own_arenas` | `release_own_arenas` | store.rs `release_arena` |
-//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store.rs `depart` |
-//! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent.rs `run` |
-//! | `n: refuse_restart` | `refuse_restart`: at start (fenced since the last join, same boot, no `unfence`: exit before `join`), or at `unfence` (key gone, this boot registered it already, no `unfence`: exit unregistered) | agent.rs `start` |
+//! | `n: join` | `join` + `read_own_generation` (one txn: membership on lease, drops `fence_pending`, `fence_done`, `departed`; refused while claimed) | store/membership.rs `join` |
+//! | `n: unfence` | `unfence` (register key, WERO if none; host model: the boot id of the registration is recorded first) | agent/mod.rs `unfence` |
+//! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent/mod.rs `claim_arenas` |
+//! | `n: quiesce` | `quiesce` | agent/mod.rs `leave` |
+//! | `n: release_own_arenas` | `release_own_arenas` | store/arenas.rs `release_arena` (agent/leave.rs `leave_steps`) |
+//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store/membership.rs `depart` |
+//! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent/mod.rs `run` |
+//! | `n: refuse_restart` | `refuse_restart`: at start (fenced since the last join, same boot, no `unfence`: exit before `join`), or at `unfence` (key gone, this boot registered it already, no `unfence`: exit unregistered) | agent/mod.rs `start` |
 //! | `n: daemon restart` | the service manager stops the daemon (its writer keeps running) | — |
 //! | `n: host reboot` | reboot: new boot id, writers gone | — |
 //! | `operator: unfence` | `fenced unfence --node-id N --reason ...` (refused while N is a member) | ops/ |
@@ -68,12 +68,12 @@
 //! | `c: watch_delete` | `watch_delete` | controller.rs `watch_loop` |
 //! | `c: watch_compacted` | `watch_compacted` | controller.rs `watch_loop` |
 //! | `c: watch_resume` | `watch_resume` | controller.rs `watch_loop` |
-//! | `c: sweep` | `sweep` (+ `drop_stale`) | controller.rs `sweep_once`, core.rs `plan_sweep` |
-//! | `c: fence [record_intent, claim, recheck_intent?, read_generation]` | the claim txn | store.rs `claim` |
+//! | `c: sweep` | `sweep` (+ `drop_stale`) | controller.rs `sweep_once`, core/sweep.rs `plan_sweep` |
+//! | `c: fence [record_intent, claim, recheck_intent?, read_generation]` | the claim txn | store/fence.rs `claim` |
 //! | `c: fence [sever]` | `sever` | fencer/nvme.rs |
 //! | `c: fence [verify]` | `verify` | fencer/nvme.rs |
-//! | `c: fence [bump, mark_done, clear_intent, release_arenas?, release_claim]` | the finishing txn | store.rs `finish` |
-//! | `c: fence aborted [release_claim]` | abort txn (intent stays) | store.rs `abort` |
+//! | `c: fence [bump, mark_done, clear_intent, release_arenas?, release_claim]` | the finishing txn | store/fence.rs `finish` |
+//! | `c: fence aborted [release_claim]` | abort txn (intent stays) | store/fence.rs `abort` |
 //!
 //! Findings against the code at 9866c49 (each has a test below that makes the
 //! checker find it, and [`Protocol::SAFE`] has the fix):

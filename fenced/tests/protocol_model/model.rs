@@ -149,7 +149,7 @@ pub struct Config {
     pub host: bool,
 }
 
-/// Agent phase (`fenced/src/agent.rs`: `start` then `run` then `leave`).
+/// Agent phase (`fenced/src/agent/`: `start` then `run` then `leave`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// Not running (never started, exited, self-fenced, left).
@@ -788,7 +788,7 @@ impl ProtocolModel {
                 let mut using = [false; A];
                 for (a, u) in using.iter_mut().enumerate() {
                     if s.etcd.owner[a] == Some(n as u8) {
-                        // agent.rs `claim_arenas`: `owned_arenas` is a plain read.
+                        // agent/mod.rs `claim_arenas`: `owned_arenas` is a plain read.
                         *u = live || !p.adopt_requires_live_membership;
                     } else if live && s.etcd.free[a] && s.etcd.owner[a].is_none() {
                         t.etcd.free[a] = false;
@@ -832,7 +832,7 @@ impl ProtocolModel {
                 } else if p.unregister_before_release {
                     t.registered[n] = false;
                 }
-                // One owner-conditioned transaction per arena (store.rs `release_arena`).
+                // One owner-conditioned transaction per arena (store/arenas.rs `release_arena`).
                 let live = s.etcd.member[n] == Some(ag.instance);
                 for a in 0..A {
                     if s.etcd.owner[a] == Some(n as u8)
@@ -850,7 +850,7 @@ impl ProtocolModel {
                 if ag.phase != Phase::Released {
                     return None;
                 }
-                // agent.rs `leave`: unregister our key, then the departure transaction.
+                // agent/leave.rs `leave_steps`: unregister our key, then the departure transaction.
                 if !p.depart_before_quiesce {
                     t.registered[n] = false;
                 }
