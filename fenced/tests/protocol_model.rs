@@ -351,6 +351,8 @@ fn single_signal_mode_never_releases_arenas() {
     assert_eq!((o.unique, o.total), (4_853, 15_170), "state count changed");
 }
 
+// ---------------------------------------------------------------- writers outliving their daemon
+
 /// Invariant 6. n1's application outlives its daemon (`self_fence` or a restart by
 /// the service manager); after n1 is fenced and `a0` handed to n0, a fresh start on
 /// the same boot is refused, and n1 registers again only after its host rebooted or an
