@@ -115,7 +115,7 @@ has_key "$K3" && die "n3's key still registered after its fence"
 # 2. same boot: refused.
 before=$(keys_n3)
 T2=$(t)
-bounded 60 /tmp/n3-refused.log env FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 \
+bounded 30 /tmp/n3-refused.log env FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 \
   --instance-id guest-n3 --block-device "$C" --fencer nvme --etcd-endpoints $EP --root $ROOT \
   --ttl-secs 5 --sweep-secs 2 --seed-arenas a1,a2,a3 --arenas 1
 rc=$?
@@ -149,7 +149,7 @@ G3=$(gen_of n3)
 say "SIGKILL n3"
 kill -KILL "$PID_n3"; wait "$PID_n3" 2>/dev/null
 until_ 60 "n3's second fence" bumped
-bounded 60 /tmp/n3-refused.log env FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 \
+bounded 30 /tmp/n3-refused.log env FENCED_BOOT_ID_FILE=/tmp/boot-n3 fenced run --node-id n3 \
   --instance-id guest-n3 --block-device "$C" --fencer nvme --etcd-endpoints $EP --root $ROOT
 rc=$?
 [ $rc = 5 ] || die "second restart on the same boot not refused with 5 (got $rc)"
