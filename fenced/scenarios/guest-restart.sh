@@ -37,9 +37,11 @@ until_() {
     sleep 0.3
   done
 }
-gen_of() { fenced status --etcd-endpoints $EP --root $ROOT | sed -n 's/^generations: *//p' | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-members() { fenced status --etcd-endpoints $EP --root $ROOT | sed -n 's/^members: *//p'; }
-is_member() { members | tr " " "\n" | grep -q "^$1("; }
+# `fenced status` rows: NODE MEMBER GEN first (no spaces in them), after a summary and a header line.
+row_of() { fenced status --etcd-endpoints $EP --root $ROOT | awk -v n="$1" 'NR > 2 && $1 == n'; }
+gen_of() { row_of "$1" | awk '{print $3}'; }
+members() { fenced status --etcd-endpoints $EP --root $ROOT | awk 'NR > 2 && $2 == "yes" {printf "%s ", $1}'; }
+is_member() { members | tr ' ' '\n' | grep -qx "$1"; }
 report() { nvme-resv report "$A" 2>/dev/null; }
 key_of() { nvme-resv key-for-node "$1" 2>/dev/null; }
 has_key() { report | grep -q "${1#0x}"; }

@@ -87,8 +87,8 @@ fn refused_start(etcd: &Etcd, node: &str, dir: &Path) -> (ExitStatus, String) {
         }
         assert!(
             t0.elapsed() < Duration::from_secs(20),
-            "{node}'s daemon is still running: it started instead of being refused; members: {}",
-            status(etcd)["members"]
+            "{node}'s daemon is still running: it started instead of being refused; status: {}",
+            status(etcd)["nodes"]
         );
         std::thread::sleep(Duration::from_millis(100));
     };
@@ -107,17 +107,11 @@ fn status(etcd: &Etcd) -> serde_json::Value {
 }
 
 fn generation(etcd: &Etcd, node: &str) -> Option<u64> {
-    status(etcd)["generations"]
-        .as_array()?
-        .iter()
-        .find(|p| p[0] == node)
-        .and_then(|p| p[1].as_u64())
+    status(etcd)["nodes"][node]["generation"].as_u64()
 }
 
 fn is_member(etcd: &Etcd, node: &str) -> bool {
-    status(etcd)["members"]
-        .as_array()
-        .is_some_and(|m| m.iter().any(|e| e == node || e[0] == node))
+    status(etcd)["nodes"][node]["member"] == true
 }
 
 fn wait(what: &str, mut f: impl FnMut() -> bool) {
