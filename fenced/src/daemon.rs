@@ -20,7 +20,7 @@ pub const EXIT_SELF_FENCED: u8 = 3;
 /// Exit code of a leave that could not complete (peers will fence).
 pub const EXIT_LEAVE_INCOMPLETE: u8 = 4;
 /// Exit code of a start refused because this node was fenced since its last join and
-/// the host has not rebooted (nothing written to etcd, no device command).
+/// the host has not rebooted (nothing written to etcd, no reservation command).
 pub const EXIT_FENCED_SAME_BOOT: u8 = 5;
 /// Longest pause between two attempts to reach etcd.
 const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(10);

@@ -370,3 +370,49 @@ fn a_bad_on_fence_or_an_unreadable_boot_id_is_one_clear_line() {
     );
     assert_eq!(e.lines().count(), 1, "{e}");
 }
+
+/// The join is conditioned on the generation the restart check read: a fence that
+/// completes between the check and the join refuses the join (the agent then reads and
+/// checks again), so the join never records a generation it did not check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_refused_when_the_generation_moved_since_the_check() {
+    use fenced::NodeId;
+    use fenced::store::EtcdStore;
+    let etcd = Etcd::start();
+    let store = EtcdStore::connect(&[etcd.endpoint()], ROOT, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let n3 = NodeId::new("n3").unwrap();
+    let seen = store.restart_state(&n3).await.unwrap();
+    assert_eq!((seen.generation, seen.generation_rev), (0, 0));
+    assert_eq!(seen.boot, None);
+    let lease = store.grant(Duration::from_secs(5)).await.unwrap();
+    let joined = store
+        .join(&n3, "i-n3", lease, &seen, Some("boot-a"))
+        .await
+        .unwrap()
+        .expect("first join");
+    assert_eq!(joined.generation, 0);
+    store.revoke(lease).await.unwrap();
+
+    let seen = store.restart_state(&n3).await.unwrap();
+    assert_eq!(seen.boot.as_ref().map(|b| b.generation), Some(0));
+    // A fence lands after the check.
+    etcdctl(&etcd, &["put", "/restart/gen/n3", "1"]);
+    let lease = store.grant(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        store
+            .join(&n3, "i-n3", lease, &seen, Some("boot-a"))
+            .await
+            .unwrap(),
+        None,
+        "joined at a generation the restart check did not see"
+    );
+    let again = store.restart_state(&n3).await.unwrap();
+    assert_eq!(again.generation, 1);
+    assert!(!again.member);
+    assert_eq!(
+        again.boot, seen.boot,
+        "a refused join rewrote the boot record"
+    );
+}
