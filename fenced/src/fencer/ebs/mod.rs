@@ -46,12 +46,17 @@ use crate::node::NodeId;
 use crate::store::EtcdStore;
 
 mod errors;
+mod join;
 mod query;
 
 // The generic levels live in `crate::fencer::levels`; this path stays for its users.
 pub use crate::fencer::FencingLevels;
 pub use errors::{
     EbsError, Ec2Error, Ec2ErrorKind, Ec2Op, Transport, classify, classify_credentials,
+};
+pub use join::{
+    IMDS_TIMEOUT, IdSource, JOIN_CHECK_TIMEOUT, JoinError, choose_instance_id, connect_and_check,
+    imds_instance_id,
 };
 pub use query::{API_VERSION, ClientError, Ec2Client, is_loopback_host, regional_endpoint};
 
