@@ -192,7 +192,10 @@ fn open_device(path: &Path) -> Result<Device, DaemonError> {
 #[cfg(feature = "ebs")]
 async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonError> {
     let Some(volume_id) = &s.ebs.volume_id else {
-        return Ok((s.instance_id.clone().unwrap_or_else(local_instance_id), None));
+        return Ok((
+            s.instance_id.clone().unwrap_or_else(local_instance_id),
+            None,
+        ));
     };
     let mut cfg = fenced::ebs::EbsConfig::new(volume_id.clone());
     cfg.region.clone_from(&s.ebs.region);
@@ -209,7 +212,10 @@ async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonErro
 async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonError> {
     // [`Settings::resolve`] refused EBS settings in this build.
     debug_assert!(s.ebs.volume_id.is_none());
-    Ok((s.instance_id.clone().unwrap_or_else(local_instance_id), None))
+    Ok((
+        s.instance_id.clone().unwrap_or_else(local_instance_id),
+        None,
+    ))
 }
 
 #[cfg(feature = "ebs")]

@@ -644,7 +644,10 @@ fn damage(xml: &str, vol: &str, extra: &[String], corrupt: Corrupt) -> String {
             })
             .collect();
         xml = if xml.contains("<attachmentSet/>") {
-            xml.replace("<attachmentSet/>", &format!("<attachmentSet>{items}</attachmentSet>"))
+            xml.replace(
+                "<attachmentSet/>",
+                &format!("<attachmentSet>{items}</attachmentSet>"),
+            )
         } else {
             xml.replace("<attachmentSet>", &format!("<attachmentSet>{items}"))
         };

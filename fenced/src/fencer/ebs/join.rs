@@ -149,11 +149,7 @@ pub async fn imds_instance_id() -> Option<String> {
         .operation_timeout(IMDS_TIMEOUT)
         .max_attempts(1)
         .build();
-    let got = tokio::time::timeout(
-        IMDS_TIMEOUT,
-        client.get("/latest/meta-data/instance-id"),
-    )
-    .await;
+    let got = tokio::time::timeout(IMDS_TIMEOUT, client.get("/latest/meta-data/instance-id")).await;
     match got {
         Ok(Ok(id)) => Some(id.as_ref().trim().to_owned()),
         Ok(Err(e)) => {
@@ -161,7 +157,10 @@ pub async fn imds_instance_id() -> Option<String> {
             None
         }
         Err(_) => {
-            tracing::debug!(step = "join", "instance metadata service did not answer within {IMDS_TIMEOUT:?}");
+            tracing::debug!(
+                step = "join",
+                "instance metadata service did not answer within {IMDS_TIMEOUT:?}"
+            );
             None
         }
     }

@@ -8,8 +8,14 @@
 //!
 //! - **Confirmation is only `DescribeVolumes`.** The `DetachVolume` answer (even
 //!   `detached`) never confirms anything; it only starts the operation. A victim is
-//!   severed when the volume exists and lists no attachment to its instance (or lists it
-//!   as `detached`). `detaching`, `attached` and `busy` are not severed.
+//!   severed when a complete answer (the volume listed once, with its state and its
+//!   `attachmentSet`, every attachment with instance and state: `query::parse_describe`)
+//!   lists no live attachment to its instance, **and** EC2 showed that instance attached
+//!   during the fence, or the volume has no live attachment at all, or every other live
+//!   attachment is an instance recorded for another node ([`KnownInstances`]). Otherwise
+//!   the recorded id may be wrong while the victim's real instance is one of the other
+//!   attachments: [`EbsError::UnknownAttachment`]. `detaching`, `attached` and `busy` are
+//!   not severed; a malformed answer is retried, never read as "no attachments".
 //! - **Bounded.** The whole fence (detach, polls, backoff, every HTTP attempt) ends by
 //!   [`PollLimits::deadline`] (default 60 s), which must stay below the fence-claim TTL
 //!   (120 s) so that a claim never expires under a live fencer. Running out of time is
@@ -17,7 +23,8 @@
 //! - **Idempotent.** An already-detached volume is a confirmed fence: `DetachVolume`
 //!   answering "not attached" (`IncorrectState`, `InvalidAttachment.NotFound`) or
 //!   "unknown instance" (`InvalidInstanceID.NotFound`) just moves on to the
-//!   `DescribeVolumes` check, which decides.
+//!   `DescribeVolumes` check, which decides (with the rule above: neither answer shows
+//!   the instance was ever attached).
 //! - **Errors classified once** ([`classify`]) and judged once
 //!   ([`EbsError::retry_or_stop`]), both in `errors.rs`: throttling and transient
 //!   failures are retried inside the deadline; auth/permission failures fail at once
@@ -25,7 +32,12 @@
 //!   role); an unknown **volume** is a misconfiguration and never counts as severed (a
 //!   typo in `--ebs-volume-id` must not turn every fence into a "success"); an unknown
 //!   **instance** counts as severed only through `DescribeVolumes` showing no
-//!   attachment to it, which is what a terminated instance looks like.
+//!   attachment to it and the volume's other attachments accounted for, which is what
+//!   a terminated instance looks like.
+//! - **Instance ids are EC2 ids** ([`is_instance_id`]): one read back from etcd in
+//!   another form is refused before any call ([`EbsError::BadInstanceId`]), and a node
+//!   joins only after [`EbsFencer::check_join`] saw its instance attached to the volume
+//!   (`join.rs`: IMDSv2 where it answers).
 //! - **The instance id comes from the intent** (`fence_pending/<node>`, recorded from the
 //!   membership value at join), because the membership key is gone by the time a retry
 //!   runs. A victim with no known instance id cannot be fenced by EBS: detaching "every
@@ -410,9 +422,8 @@ impl EbsFencer {
                     }
                     match view.live_attachment(instance) {
                         None => {
-                            let accounted = self
-                                .judge(victim, &view, seen_attached, deadline)
-                                .await?;
+                            let accounted =
+                                self.judge(victim, &view, seen_attached, deadline).await?;
                             let others = view
                                 .attachments
                                 .iter()
@@ -871,7 +882,10 @@ mod tests {
             assert!(matches!(e, EbsError::UnknownAttachment { .. }), "{e:?}");
 
             // Another node's instance: a surviving peer, the victim is gone.
-            let peers = StaticInstances(vec![("n2".into(), S.into()), ("n3".into(), "bad\nid".into())]);
+            let peers = StaticInstances(vec![
+                ("n2".into(), S.into()),
+                ("n3".into(), "bad\nid".into()),
+            ]);
             let s = script();
             let c = fencer(&s)
                 .with_known_instances(Arc::new(peers))
@@ -911,7 +925,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_recorded_id_not_in_ec2_form_is_refused_before_any_call() {
-        for bad in ["i-v", "vol-0123456789abcdef0", "i-0123456789ABCDEF0", "i-1\nforged line"] {
+        for bad in [
+            "i-v",
+            "vol-0123456789abcdef0",
+            "i-0123456789ABCDEF0",
+            "i-1\nforged line",
+        ] {
             let s = Arc::new(Script::default());
             let e = fencer(&s).sever(&victim(bad)).await.unwrap_err();
             assert!(matches!(e, EbsError::BadInstanceId { .. }), "{bad}: {e:?}");
@@ -925,7 +944,18 @@ mod tests {
         for ok in ["i-0123abcd", "i-0123456789abcdef0"] {
             assert!(is_instance_id(ok), "{ok}");
         }
-        for bad in ["", "i-", "i-0123abc", "i-0123abcde", "i-0123456789abcdef", "i-0123abcg", "I-0123abcd", " i-0123abcd", "i-0123ABCD", "i-0123abcd\n"] {
+        for bad in [
+            "",
+            "i-",
+            "i-0123abc",
+            "i-0123abcde",
+            "i-0123456789abcdef",
+            "i-0123abcg",
+            "I-0123abcd",
+            " i-0123abcd",
+            "i-0123ABCD",
+            "i-0123abcd\n",
+        ] {
             assert!(!is_instance_id(bad), "{bad:?}");
         }
     }

@@ -616,11 +616,24 @@ mod tests {
         let ok = answer(&format!(
             "<item><volumeId>vol-1</volumeId><status>in-use</status><attachmentSet>{att}</attachmentSet></item>"
         ));
-        assert_eq!(parse_describe(&ok, "vol-1").unwrap().unwrap().attachments.len(), 1);
+        assert_eq!(
+            parse_describe(&ok, "vol-1")
+                .unwrap()
+                .unwrap()
+                .attachments
+                .len(),
+            1
+        );
         let empty = answer(
             "<item><volumeId>vol-1</volumeId><status>available</status><attachmentSet/></item>",
         );
-        assert!(parse_describe(&empty, "vol-1").unwrap().unwrap().attachments.is_empty());
+        assert!(
+            parse_describe(&empty, "vol-1")
+                .unwrap()
+                .unwrap()
+                .attachments
+                .is_empty()
+        );
         let cases = [
             // No attachmentSet element at all.
             answer("<item><volumeId>vol-1</volumeId><status>in-use</status></item>"),
@@ -655,7 +668,13 @@ mod tests {
         for host in ["127.0.0.1", "127.1.2.3", "[::1]", "localhost", "LOCALHOST"] {
             assert!(is_loopback_host(host), "{host}");
         }
-        for host in ["10.0.0.1", "example.com", "127.0.0.1.example.com", "[::2]", "0.0.0.0"] {
+        for host in [
+            "10.0.0.1",
+            "example.com",
+            "127.0.0.1.example.com",
+            "[::2]",
+            "0.0.0.0",
+        ] {
             assert!(!is_loopback_host(host), "{host}");
         }
         let sdk = |url: &str| {
@@ -667,10 +686,19 @@ mod tests {
                 )))
                 .build()
         };
-        for ok in ["http://127.0.0.1:5000", "http://localhost:5000/", "http://[::1]:9", "https://vpce.example"] {
+        for ok in [
+            "http://127.0.0.1:5000",
+            "http://localhost:5000/",
+            "http://[::1]:9",
+            "https://vpce.example",
+        ] {
             assert!(Ec2Client::new(&sdk(ok)).is_ok(), "{ok}");
         }
-        for bad in ["http://ec2.us-east-1.amazonaws.com", "http://10.1.2.3:80", "http://127.0.0.1.nip.io"] {
+        for bad in [
+            "http://ec2.us-east-1.amazonaws.com",
+            "http://10.1.2.3:80",
+            "http://127.0.0.1.nip.io",
+        ] {
             let e = Ec2Client::new(&sdk(bad)).unwrap_err();
             assert!(matches!(e, ClientError::PlainHttp(_)), "{bad}: {e}");
             assert!(e.to_string().contains("clear text"), "{e}");
