@@ -185,7 +185,7 @@ async fn a_wrong_instance_id_is_not_severed() {
             .with_known_instances(Arc::new(StaticInstances(known)));
         let e = f.sever(&victim("i-0123456789abcdef0")).await.unwrap_err();
         match &e {
-            EbsError::UnknownAttachment { others, .. } => assert_eq!(others, &[real.clone()]),
+            EbsError::UnknownAttachment(u) => assert_eq!(u.others, vec![real.clone()]),
             other => panic!("expected UnknownAttachment, got {other:?}"),
         }
         assert!(e.to_string().contains("may be wrong"), "{e}");
@@ -816,32 +816,46 @@ async fn daemons_fence_a_killed_peer_by_ebs_detach() {
 
 /// `fenced run` with the EBS fencer, refused at start with one clear line and nothing
 /// written to etcd: an instance the volume is not attached to (an existing instance, an
-/// unknown one), an id not in EC2 form, a plain-http endpoint off this host (flag or
+/// unknown one), an id not in EC2 form (configured, or from IMDS), an `--instance-id`
+/// that IMDS contradicts, a plain-http endpoint off this host (flag or
 /// `AWS_ENDPOINT_URL`).
-#[tokio::test]
+// Multi-threaded: the proxy's tasks run while this thread waits for the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemon_start_is_refused_for_a_wrong_instance_or_a_clear_text_endpoint() {
     let etcd = common::etcd::Etcd::start();
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
     let (i1, vol) = ebs_peer::attached_volume(&ec2).await;
     let other = ebs_peer::run_instance(&ec2).await;
-    let run = |instance: &str, url: Option<&str>, env_url: Option<&str>| {
+    let url = moto.url();
+    let imds = Proxy::start(moto.addr).await;
+    let imds_url = imds.url();
+    let run = |case: &Case<'_>| {
         let mut c = fenced_bin();
         c.args(["run", "--node-id", "n1", "--root", "/ebs-join"])
-            .args(["--instance-id", instance])
             .args(["--etcd-endpoints", &etcd.endpoint()])
             .args(["--ebs-volume-id", &vol, "--ebs-region", "us-east-1"])
             .env("AWS_ACCESS_KEY_ID", "testing")
             .env("AWS_SECRET_ACCESS_KEY", "testing")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
             .env_remove("AWS_PROFILE")
             .env_remove("AWS_ENDPOINT_URL")
             .stdin(std::process::Stdio::null());
-        if let Some(u) = url {
+        if let Some(i) = case.instance {
+            c.args(["--instance-id", i]);
+        }
+        if let Some(u) = case.url {
             c.args(["--ebs-endpoint-url", u]);
         }
-        if let Some(u) = env_url {
+        if let Some(u) = case.env_url {
             c.env("AWS_ENDPOINT_URL", u);
+        }
+        if case.imds {
+            // moto also serves IMDSv2 (token, then meta-data; through the proxy, which
+            // completes its token answer); its instance id is `i-fake`, not an EC2 id.
+            c.env_remove("AWS_EC2_METADATA_DISABLED")
+                .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds_url);
+        } else {
+            c.env("AWS_EC2_METADATA_DISABLED", "true");
         }
         // Bounded: a daemon that was not refused would run on (and is killed).
         let t = Instant::now();
@@ -860,46 +874,60 @@ async fn daemon_start_is_refused_for_a_wrong_instance_or_a_clear_text_endpoint()
         let o = child.wait_with_output().unwrap();
         (o, t.elapsed())
     };
-    let url = moto.url();
-    let cases: [(&str, &str, Option<&str>, Option<&str>, &str); 5] = [
-        (
-            "attached elsewhere",
-            &other,
-            Some(&url),
-            None,
-            "is not attached to this instance",
-        ),
-        (
+    struct Case<'a> {
+        what: &'a str,
+        instance: Option<&'a str>,
+        url: Option<&'a str>,
+        env_url: Option<&'a str>,
+        imds: bool,
+        want: &'a str,
+    }
+    let case = |what, instance, want| Case {
+        what,
+        instance,
+        url: Some(&url),
+        env_url: None,
+        imds: false,
+        want,
+    };
+    let not_attached = "is not attached to this instance";
+    let cases = [
+        case("attached elsewhere", Some(&other), not_attached),
+        case(
             "unknown instance",
-            "i-0123456789abcdef0",
-            Some(&url),
-            None,
-            "is not attached to this instance",
+            Some("i-0123456789abcdef0"),
+            not_attached,
         ),
-        (
-            "not an EC2 id",
-            "i-typo",
-            Some(&url),
-            None,
-            "is not an EC2 instance id",
-        ),
-        (
-            "http flag off loopback",
-            &i1,
-            Some("http://ec2.us-east-1.amazonaws.com"),
-            None,
-            "clear text",
-        ),
-        (
-            "AWS_ENDPOINT_URL off loopback",
-            &i1,
-            None,
-            Some("http://10.1.2.3:80"),
-            "clear text",
-        ),
+        case("not an EC2 id", Some("i-typo"), "is not an EC2 instance id"),
+        Case {
+            imds: true,
+            ..case(
+                "IMDS disagrees with --instance-id",
+                Some(&i1),
+                "but the instance metadata service says this instance is \"i-fake\"",
+            )
+        },
+        Case {
+            imds: true,
+            ..case(
+                "IMDS answers an id not in EC2 form",
+                None,
+                "\"i-fake\" (from the instance metadata service) is not an EC2 instance id",
+            )
+        },
+        Case {
+            url: Some("http://ec2.us-east-1.amazonaws.com"),
+            ..case("http flag off loopback", Some(&i1), "clear text")
+        },
+        Case {
+            url: None,
+            env_url: Some("http://10.1.2.3:80"),
+            ..case("AWS_ENDPOINT_URL off loopback", Some(&i1), "clear text")
+        },
     ];
-    for (what, instance, url, env_url, want) in cases {
-        let (o, took) = run(instance, url, env_url);
+    for c in &cases {
+        let what = c.what;
+        let (o, took) = run(c);
         let err = String::from_utf8_lossy(&o.stderr);
         eprintln!("{what}: {:?} in {took:?}: {err}", o.status.code());
         assert!(took < Duration::from_secs(30), "{what}: not refused: {err}");
@@ -907,7 +935,7 @@ async fn daemon_start_is_refused_for_a_wrong_instance_or_a_clear_text_endpoint()
         assert_eq!(o.status.code(), Some(1), "{what}: {err}");
         let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("fenced: ")).collect();
         assert_eq!(lines.len(), 1, "{what}: {err}");
-        assert!(lines[0].contains(want), "{what}: {err}");
+        assert!(lines[0].contains(c.want), "{what}: {err}");
         let s = cli_status(&etcd, "/ebs-join");
         assert_eq!(s["members"], serde_json::json!([]), "{what}: {s}");
         assert_eq!(s["generations"], serde_json::json!([]), "{what}: {s}");

@@ -3,7 +3,7 @@
 //! independent of the fencer's client), and a small HTTP proxy in front of moto that can
 //! make `DetachVolume` asynchronous, as it is on AWS (moto detaches synchronously), add
 //! the extra attachments of a Multi-Attach volume (moto keeps one per volume), and
-//! corrupt answers ([`Corrupt`]).
+//! corrupt answers ([`Corrupt`]); it also completes moto's IMDSv2 token answer.
 
 #![allow(dead_code)]
 
@@ -576,6 +576,19 @@ async fn serve(mut conn: TcpStream, st: Arc<ProxyState>) {
                 });
                 Ok(http_answer("200 OK", &detach_xml(&vol, &inst, "detaching")))
             }
+        }
+        // moto also serves IMDSv2, but answers the token without the TTL header that
+        // aws-config's IMDS client requires: added here.
+        _ if req.head.starts_with("PUT /latest/api/token ") => {
+            forward(st.upstream, &req).await.map(|a| {
+                let text = String::from_utf8_lossy(&a).into_owned();
+                text.replacen(
+                    "\r\n",
+                    "\r\nx-aws-ec2-metadata-token-ttl-seconds: 21600\r\n",
+                    1,
+                )
+                .into_bytes()
+            })
         }
         other => {
             let describe = other == "DescribeVolumes";

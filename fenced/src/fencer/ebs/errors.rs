@@ -176,6 +176,47 @@ pub fn classify_credentials(e: &CredentialsError) -> Ec2ErrorKind {
     }
 }
 
+/// The details of [`EbsError::UnknownAttachment`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unaccounted {
+    /// The volume.
+    pub volume_id: String,
+    /// The victim.
+    pub node: String,
+    /// The victim's recorded instance id.
+    pub instance_id: String,
+    /// Live attachments not accounted for by another node.
+    pub others: Vec<String>,
+    /// Why the other nodes' instance ids could not be read, if they could not.
+    pub lookup_error: Option<String>,
+}
+
+impl fmt::Display for Unaccounted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            volume_id,
+            node,
+            instance_id,
+            others,
+            lookup_error,
+        } = self;
+        write!(
+            f,
+            "volume {volume_id}: no attachment to {instance_id} (node {node}), but EC2 never \
+             showed {instance_id} attached and the volume is attached to {} which no other node \
+             is recorded on",
+            others.join(", ")
+        )?;
+        if let Some(e) = lookup_error {
+            write!(f, " (the cluster's instance ids could not be read: {e})")?;
+        }
+        f.write_str(
+            ": the recorded id may be wrong; not confirmed. Check the node's instance id, and \
+             detach its real instance by hand if it is one of those",
+        )
+    }
+}
+
 /// Why an EBS fence did not confirm. Every variant leaves the fence owed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -206,23 +247,8 @@ pub enum EbsError {
     /// that instance attached during the fence and the volume is attached to instances
     /// no other node is recorded on: the recorded id may be wrong (a typo, a stale
     /// record) while the victim's real instance is one of those. Not severed.
-    #[error(
-        "volume {volume_id}: no attachment to {instance_id} (node {node}), but EC2 never showed {instance_id} attached and the volume is attached to {} which no other node is recorded on{}: the recorded id may be wrong; not confirmed. Check the node's instance id, and detach its real instance by hand if it is one of those",
-        others.join(", "),
-        lookup_error.as_deref().map(|e| format!(" (the cluster's instance ids could not be read: {e})")).unwrap_or_default()
-    )]
-    UnknownAttachment {
-        /// The volume.
-        volume_id: String,
-        /// The victim.
-        node: String,
-        /// The victim's recorded instance id.
-        instance_id: String,
-        /// Live attachments not accounted for by another node.
-        others: Vec<String>,
-        /// Why the other nodes' instance ids could not be read, if they could not.
-        lookup_error: Option<String>,
-    },
+    #[error("{0}")]
+    UnknownAttachment(Box<Unaccounted>),
     /// The configured volume does not exist: a misconfiguration, never "severed".
     #[error("volume {volume_id} not found ({op}): check --ebs-volume-id and --ebs-region")]
     VolumeNotFound {
@@ -306,7 +332,7 @@ impl EbsError {
                 Ec2Op::DescribeVolumes => FenceStep::Verify,
             },
             Self::Unconfirmed { .. }
-            | Self::UnknownAttachment { .. }
+            | Self::UnknownAttachment(_)
             | Self::NoRegion
             | Self::Client(_)
             | Self::BadLimits { .. } => FenceStep::Verify,

@@ -42,9 +42,11 @@ impl fmt::Display for IdSource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Self::Imds => "from the instance metadata service",
-            Self::Configured => "from --instance-id; the instance metadata service did not answer",
+            Self::Configured => {
+                "from --instance-id; the instance metadata service is disabled or did not answer"
+            }
             Self::Host => {
-                "from the host (no --instance-id, and the instance metadata service did not answer)"
+                "from the host: no --instance-id, and the instance metadata service is disabled or did not answer"
             }
         })
     }
@@ -56,7 +58,7 @@ impl fmt::Display for IdSource {
 pub enum JoinError {
     /// The EBS fencer could not be set up (region, endpoint, limits...).
     #[error("cannot set up the EBS fencer: {0}")]
-    Setup(#[source] EbsError),
+    Setup(#[source] Box<EbsError>),
     /// The instance id does not have the EC2 form.
     #[error(
         "instance id {id:?} ({from}) is not an EC2 instance id (i- and 8 or 17 hex digits): pass this instance's id with --instance-id"
@@ -69,7 +71,7 @@ pub enum JoinError {
     },
     /// `--instance-id` disagrees with IMDS.
     #[error(
-        "--instance-id {configured:?} but the instance metadata service says this instance is {imds}: fix --instance-id, or drop it"
+        "--instance-id {configured:?} but the instance metadata service says this instance is {imds:?}: fix --instance-id, or drop it"
     )]
     Mismatch {
         /// The configured id.
@@ -119,7 +121,7 @@ pub enum JoinError {
         instance_id: String,
         /// Why.
         #[source]
-        source: EbsError,
+        source: Box<EbsError>,
     },
 }
 
@@ -199,7 +201,7 @@ impl EbsFencer {
         let check_error = |source| JoinError::Check {
             volume_id: vol.to_owned(),
             instance_id: instance_id.clone(),
-            source,
+            source: Box::new(source),
         };
         let start = Instant::now();
         let deadline = start + JOIN_CHECK_TIMEOUT.min(self.limits.deadline);
@@ -251,7 +253,7 @@ pub async fn connect_and_check(
 ) -> Result<(EbsFencer, String), JoinError> {
     let fencer = EbsFencer::connect(config, claim_ttl)
         .await
-        .map_err(JoinError::Setup)?;
+        .map_err(|e| JoinError::Setup(Box::new(e)))?;
     let instance = fencer.check_join(configured_instance).await?;
     Ok((fencer, instance))
 }

@@ -64,7 +64,7 @@ mod query;
 // The generic levels live in `crate::fencer::levels`; this path stays for its users.
 pub use crate::fencer::FencingLevels;
 pub use errors::{
-    EbsError, Ec2Error, Ec2ErrorKind, Ec2Op, Transport, classify, classify_credentials,
+    EbsError, Ec2Error, Ec2ErrorKind, Ec2Op, Transport, Unaccounted, classify, classify_credentials,
 };
 pub use join::{
     IMDS_TIMEOUT, IdSource, JOIN_CHECK_TIMEOUT, JoinError, choose_instance_id, connect_and_check,
@@ -493,12 +493,14 @@ impl EbsFencer {
         if seen_attached || others.is_empty() {
             return Ok(String::new());
         }
-        let unknown = |others: &[&str], lookup_error: Option<String>| EbsError::UnknownAttachment {
-            volume_id: self.volume_id.clone(),
-            node: victim.node.to_string(),
-            instance_id: instance.to_owned(),
-            others: others.iter().map(|s| (*s).to_owned()).collect(),
-            lookup_error,
+        let unknown = |others: &[&str], lookup_error: Option<String>| {
+            EbsError::UnknownAttachment(Box::new(Unaccounted {
+                volume_id: self.volume_id.clone(),
+                node: victim.node.to_string(),
+                instance_id: instance.to_owned(),
+                others: others.iter().map(|s| (*s).to_owned()).collect(),
+                lookup_error,
+            }))
         };
         let Some(known) = &self.known else {
             return Err(unknown(&others, None));
@@ -857,13 +859,9 @@ mod tests {
             let s = script();
             let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
             match &e {
-                EbsError::UnknownAttachment {
-                    others,
-                    instance_id,
-                    ..
-                } => {
-                    assert_eq!(others, &[S.to_owned()]);
-                    assert_eq!(instance_id, V);
+                EbsError::UnknownAttachment(u) => {
+                    assert_eq!(u.others, [S.to_owned()]);
+                    assert_eq!(u.instance_id, V);
                 }
                 other => panic!("{detach:?}: {other:?}"),
             }
@@ -879,7 +877,7 @@ mod tests {
                 .sever(&victim(V))
                 .await
                 .unwrap_err();
-            assert!(matches!(e, EbsError::UnknownAttachment { .. }), "{e:?}");
+            assert!(matches!(e, EbsError::UnknownAttachment(_)), "{e:?}");
 
             // Another node's instance: a surviving peer, the victim is gone.
             let peers = StaticInstances(vec![
