@@ -938,9 +938,10 @@ async fn daemon_start_is_refused_for_a_wrong_instance_or_a_clear_text_endpoint()
         let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("fenced: ")).collect();
         assert_eq!(lines.len(), 1, "{what}: {err}");
         assert!(lines[0].contains(c.want), "{what}: {err}");
+        // Nothing was written to etcd: its revision is still the empty store's.
         let s = cli_status(&etcd, "/ebs-join");
-        assert_eq!(s["members"], serde_json::json!([]), "{what}: {s}");
-        assert_eq!(s["generations"], serde_json::json!([]), "{what}: {s}");
+        assert_eq!(s["nodes"], serde_json::json!({}), "{what}: {s}");
+        assert_eq!(s["revision"], 1, "{what}: {s}");
     }
     // The volume's attachments are untouched.
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![i1]);
