@@ -528,7 +528,7 @@ impl EbsFencer {
             .map(|(n, i)| format!("{i} of {n}"))
             .collect();
         Ok(format!(
-            ", all of other nodes: {}; {instance} never seen attached",
+            ", each another node's: {}; {instance} never seen attached",
             names.join(", ")
         ))
     }
