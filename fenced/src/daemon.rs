@@ -13,7 +13,7 @@ use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
 use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
-use crate::config::{EbsSettings, EtcdSettings, FencerKind, Settings};
+use crate::config::{EtcdSettings, FencerKind, Settings};
 
 /// Exit code of a daemon that self-fenced.
 pub const EXIT_SELF_FENCED: u8 = 3;
@@ -77,10 +77,10 @@ pub enum DaemonError {
         source: StoreError,
     },
     #[cfg(feature = "ebs")]
-    #[error("cannot set up the EBS fencer: {source}")]
+    #[error("{source}")]
     Ebs {
         #[source]
-        source: fenced::ebs::EbsError,
+        source: fenced::ebs::JoinError,
     },
     #[error("{source}")]
     Agent {
@@ -188,47 +188,77 @@ pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
     Ok(Arc::new(ns))
 }
 
-/// The daemon's fencer: NVMe, EBS alone, NVMe then EBS (fencing levels: EBS only when
-/// the NVMe fence cannot be confirmed), or single-signal. See docs/ebs.md.
-/// [`Settings::resolve`] already refused the combinations that cannot work.
+/// With `--ebs-volume-id`: the EBS fencer, and the instance id to join with, checked
+/// against the volume's attachments (`fenced::ebs::JoinError`: a wrong id is refused
+/// here, before anything is written). Without: the configured or host instance id.
 #[cfg(feature = "ebs")]
-async fn with_ebs(
-    nvme: Option<Arc<dyn Fencer>>,
-    ebs: &EbsSettings,
-    claim_ttl: Duration,
-) -> Result<Arc<dyn Fencer>, DaemonError> {
-    let Some(volume_id) = &ebs.volume_id else {
-        return Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)));
+async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonError> {
+    let Some(volume_id) = &s.ebs.volume_id else {
+        return Ok((
+            s.instance_id.clone().unwrap_or_else(local_instance_id),
+            None,
+        ));
     };
     let mut cfg = fenced::ebs::EbsConfig::new(volume_id.clone());
-    cfg.region.clone_from(&ebs.region);
-    cfg.endpoint_url.clone_from(&ebs.endpoint_url);
-    let ebs: Arc<dyn Fencer> = Arc::new(
-        fenced::ebs::EbsFencer::connect(&cfg, claim_ttl)
+    cfg.region.clone_from(&s.ebs.region);
+    cfg.endpoint_url.clone_from(&s.ebs.endpoint_url);
+    let (fencer, instance) =
+        fenced::ebs::connect_and_check(&cfg, s.instance_id.as_deref(), s.claim_ttl)
             .await
-            .map_err(|source| DaemonError::Ebs { source })?,
-    );
-    Ok(match nvme {
+            .map_err(|source| DaemonError::Ebs { source })?;
+    Ok((instance, Some(fencer)))
+}
+
+#[cfg(not(feature = "ebs"))]
+#[allow(clippy::unused_async)]
+async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonError> {
+    // [`Settings::resolve`] refused EBS settings in this build.
+    debug_assert!(s.ebs.volume_id.is_none());
+    Ok((
+        s.instance_id.clone().unwrap_or_else(local_instance_id),
+        None,
+    ))
+}
+
+#[cfg(feature = "ebs")]
+type EbsLevel = fenced::ebs::EbsFencer;
+#[cfg(not(feature = "ebs"))]
+type EbsLevel = std::convert::Infallible;
+
+/// The daemon's fencer: NVMe, EBS alone, NVMe then EBS (fencing levels: EBS only when
+/// the NVMe fence cannot be confirmed), or single-signal. See docs/ebs.md. The EBS
+/// fencer learns the other nodes' instance ids from `store`.
+/// [`Settings::resolve`] already refused the combinations that cannot work.
+#[cfg(feature = "ebs")]
+fn with_ebs(
+    nvme: Option<Arc<dyn Fencer>>,
+    ebs: Option<EbsLevel>,
+    store: &EtcdStore,
+) -> Arc<dyn Fencer> {
+    let Some(ebs) = ebs else {
+        return nvme.unwrap_or_else(|| Arc::new(NoneFencer));
+    };
+    let ebs: Arc<dyn Fencer> = Arc::new(ebs.with_known_instances(Arc::new(store.clone())));
+    match nvme {
         Some(nvme) => Arc::new(fenced::ebs::FencingLevels::new(vec![nvme, ebs])),
         None => ebs,
-    })
+    }
 }
 
 /// Without the `ebs` feature: NVMe or single-signal ([`Settings::resolve`] refused
 /// EBS settings).
 #[cfg(not(feature = "ebs"))]
-#[allow(clippy::unused_async)]
-async fn with_ebs(
+fn with_ebs(
     nvme: Option<Arc<dyn Fencer>>,
-    _ebs: &EbsSettings,
-    _claim_ttl: Duration,
-) -> Result<Arc<dyn Fencer>, DaemonError> {
-    Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
+    _ebs: Option<EbsLevel>,
+    _store: &EtcdStore,
+) -> Arc<dyn Fencer> {
+    nvme.unwrap_or_else(|| Arc::new(NoneFencer))
 }
 
 /// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences.
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
-    let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
+    let (instance, ebs) = ebs_join(&s).await?;
     let device = match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
         // (gp3 and older io2 attachments have none).
@@ -253,7 +283,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         }
         _ => None,
     };
-    let fencer = with_ebs(nvme, &s.ebs, s.claim_ttl).await?;
+    let fencer = with_ebs(nvme, ebs, &store);
     let node = s.node;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     cfg.ttl = s.ttl;
