@@ -269,10 +269,17 @@ impl Controller {
                         tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: left to the agent (self-fence) and the peers");
                         continue;
                     }
-                    let instance = ev
-                        .prev_kv()
-                        .map(|p| String::from_utf8_lossy(p.value()).into_owned())
-                        .unwrap_or_default();
+                    // Anyone with write access to etcd may have put anything there:
+                    // an id outside the rule is fenced as "instance unknown".
+                    let instance = match ev.prev_kv().map(|p| crate::instance::from_etcd(p.value()))
+                    {
+                        Some(Ok(i)) => i,
+                        Some(Err(e)) => {
+                            tracing::warn!(step = "watch_delete", node = %node, error = %e, "membership value is not an instance id: fencing with the instance unknown");
+                            String::new()
+                        }
+                        None => String::new(),
+                    };
                     let deleted_rev = kv.mod_revision();
                     tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = deleted_rev, "membership DELETE");
                     let this = self.clone();

@@ -1,7 +1,7 @@
 //! `fenced run`: connect to etcd (retrying), open the device, pick the fencer, start
 //! the node agent and the controller, and map how the agent ended to an exit code.
 
-use std::io::IsTerminal;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
 use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
-use crate::config::{EbsSettings, EtcdSettings, FencerKind, Settings};
+use crate::config::{EbsSettings, EtcdSettings, FencerKind, Settings, file_kind};
+use crate::control::{ControlError, ControlSocket, Outcome, PidFile};
 
 /// Exit code of a daemon that self-fenced.
 pub const EXIT_SELF_FENCED: u8 = 3;
@@ -87,27 +88,22 @@ pub enum DaemonError {
         #[source]
         source: AgentError,
     },
-    #[error("cannot write pid file {}: {source}", path.display())]
-    PidFile {
-        path: PathBuf,
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The instance id the host reports does not satisfy the rule.
+    #[error("this host's instance id cannot be used: {source}; set --instance-id")]
+    HostInstanceId {
+        #[source]
+        source: fenced::instance::InvalidInstanceId,
+    },
+    #[error("cannot use watchdog {}: {why}", path.display())]
+    Watchdog { path: PathBuf, why: String },
+    #[error("cannot install the {signal} handler: {source}")]
+    Signal {
+        signal: &'static str,
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Logging of `run`: `FENCED_LOG` (default `info`), text or JSON lines, on stderr.
-pub fn init_logging(json: bool) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG").unwrap_or_else(|_| "info".into());
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if json {
-        b.json().init();
-    } else {
-        b.init();
-    }
 }
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
@@ -224,9 +220,54 @@ async fn with_ebs(
     Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
 }
 
-/// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences.
+/// A watchdog must be a character device; it is opened (and so armed) only by the
+/// agent, after everything else was checked.
+fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
+    let why = match std::fs::metadata(path) {
+        Err(e) => e.to_string(),
+        Ok(m) if m.file_type().is_char_device() => return Ok(()),
+        Ok(m) => format!(
+            "it is a {}, not a watchdog character device",
+            file_kind(m.file_type())
+        ),
+    };
+    Err(DaemonError::Watchdog {
+        path: path.to_owned(),
+        why: format!("{why}; check --watchdog-device"),
+    })
+}
+
+/// Runs the daemon until it leaves (SIGTERM, SIGINT, `fenced leave`) or self-fences.
+///
+/// Order: everything that can be refused is checked or set up (instance id, watchdog,
+/// pid file, control socket, device, etcd connection, EBS client) before the first
+/// etcd write (`--seed-arenas`, then the join).
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
-    let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
+    use tokio::signal::unix::{SignalKind, signal};
+    let instance = match s.instance_id.clone() {
+        Some(i) => i,
+        None => {
+            let i = local_instance_id();
+            fenced::instance::check_instance_id(&i)
+                .map_err(|source| DaemonError::HostInstanceId { source })?;
+            i
+        }
+    };
+    if let Some(w) = &s.watchdog_device {
+        check_watchdog(w)?;
+    }
+    let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
+    let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
+    let pid_file = match &s.pid_file {
+        Some(p) => Some(PidFile::create(p, s.control_socket.as_deref())?),
+        None => None,
+    };
+    let (leave_tx, mut leave_rx) = tokio::sync::mpsc::channel(4);
+    let control = match &s.control_socket {
+        Some(p) => Some(ControlSocket::bind(p, leave_tx)?),
+        None => None,
+    };
     let device = match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
         // (gp3 and older io2 attachments have none).
@@ -239,12 +280,6 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         store_opts.keepalive_timeout = t;
     }
     let store = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout).await?;
-    if let Some(arenas) = &s.seed_arenas {
-        store
-            .add_free_arenas(arenas)
-            .await
-            .map_err(|source| DaemonError::SeedArenas { source })?;
-    }
     let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
         (FencerKind::Nvme, Some(d)) => {
             Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
@@ -252,6 +287,13 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         _ => None,
     };
     let fencer = with_ebs(nvme, &s.ebs, s.claim_ttl).await?;
+    // The first etcd write: everything above could still refuse without a trace.
+    if let Some(arenas) = &s.seed_arenas {
+        store
+            .add_free_arenas(arenas)
+            .await
+            .map_err(|source| DaemonError::SeedArenas { source })?;
+    }
     let node = s.node;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     cfg.ttl = s.ttl;
@@ -261,41 +303,41 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let agent = Agent::start(store.clone(), cfg, device, own_key)
         .await
         .map_err(|source| DaemonError::Agent { source })?;
-    if let Some(p) = &s.pid_file {
-        std::fs::write(p, format!("{}\n", std::process::id())).map_err(|source| {
-            DaemonError::PidFile {
-                path: p.clone(),
-                source,
-            }
-        })?;
-    }
     let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
     ccfg.sweep_interval = s.sweep;
     ccfg.own_node = Some(node.clone());
     let controller = Controller::new(store, fencer, ccfg).spawn();
     tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let leave = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
         tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = term.recv() => tracing::info!(step = "leave", "SIGTERM: leaving"),
+            _ = int.recv() => tracing::info!(step = "leave", "SIGINT: leaving"),
+            Some(()) = leave_rx.recv() => {}
         }
     };
     let exit = agent.run(leave).await;
     controller.abort();
-    if let Some(p) = &s.pid_file {
-        let _ = std::fs::remove_file(p);
+    let outcome = match &exit {
+        AgentExit::Left => Outcome::Left,
+        AgentExit::LeaveIncomplete { reason } => Outcome::Incomplete(reason.clone()),
+        AgentExit::SelfFenced { reason } => Outcome::SelfFenced(reason.clone()),
+    };
+    if let Some(c) = &control {
+        c.answer(&outcome).await;
     }
-    Ok(match exit {
-        AgentExit::Left => ExitCode::SUCCESS,
-        AgentExit::LeaveIncomplete { reason } => {
-            eprintln!("fenced: leave incomplete: {reason}");
+    drop(control);
+    drop(pid_file);
+    Ok(match outcome {
+        Outcome::Left => ExitCode::SUCCESS,
+        Outcome::Incomplete(reason) => {
+            eprintln!(
+                "fenced: leave incomplete: {}",
+                crate::logging::escape(&reason)
+            );
             ExitCode::from(EXIT_LEAVE_INCOMPLETE)
         }
-        AgentExit::SelfFenced { reason } => {
-            eprintln!("fenced: self-fenced: {reason}");
+        Outcome::SelfFenced(reason) => {
+            eprintln!("fenced: self-fenced: {}", crate::logging::escape(&reason));
             ExitCode::from(EXIT_SELF_FENCED)
         }
     })

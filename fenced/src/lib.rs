@@ -3,7 +3,7 @@
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
 //! - [`keys`]: the etcd key layout under a configurable root.
-//! - [`node`]: validated node ids.
+//! - [`node`]: validated node ids; [`instance`]: the instance id rule.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
 //!   feature `ebs`, also reachable as `fenced::ebs`) EBS fencers.
 //! - [`fault`]: the `fence::<step>` fail points (cargo feature `failpoints`).
@@ -16,6 +16,7 @@ pub mod core;
 pub mod fault;
 pub mod fencer;
 pub mod guard;
+pub mod instance;
 pub mod keys;
 pub mod node;
 pub mod store;

@@ -7,10 +7,11 @@
 //! is the protocol API other tools link against.
 
 mod config;
+mod control;
 mod daemon;
+mod logging;
 mod ops;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -36,15 +37,17 @@ enum Cmd {
     Run(Box<RunArgs>),
     /// Show members, generations, owed fences, claims and arenas.
     Status(ops::status::StatusArgs),
-    /// From this host: try one O_DIRECT write (blockio) on the shared device and,
-    /// optionally, one metadata transaction guarded by a node's generation. Prints one
-    /// line per probe; exit status 10 when anything was refused.
+    /// From this host: read one block of the shared device and write the same bytes
+    /// back with O_DIRECT (blockio), so the data is unchanged, and, optionally, one
+    /// metadata transaction guarded by a node's generation. Prints one line per probe;
+    /// exit status 10 when anything was refused.
     Probe(ops::probe::ProbeArgs),
     /// Operator-attested fence: you confirmed out of band that NODE is gone (powered
     /// off, detached); supply the second confirmation. Refused while NODE is a member
     /// or renewed its liveness within --fresh-secs.
     Attest(ops::attest::AttestArgs),
-    /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
+    /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart)
+    /// over its control socket; no process is signalled.
     Leave(ops::leave::LeaveArgs),
 }
 
@@ -73,7 +76,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
         }
         cause = c.source();
     }
-    line.replace('\n', " ")
+    logging::escape(&line)
 }
 
 async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
@@ -81,7 +84,7 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Run(args) => {
             let file = config::load_file(args.etcd.config.as_deref())?;
             let settings = Settings::resolve(&args, file)?;
-            daemon::init_logging(settings.log_json);
+            logging::init(settings.log_json, "info");
             daemon::run(settings).await?
         }
         Cmd::Status(args) => ops::status::status(args).await?,
@@ -111,14 +114,7 @@ fn main() -> ExitCode {
     if !matches!(cli.cmd, Cmd::Run(_)) {
         // `run` sets up its own logging (text or JSON); the operator commands log
         // warnings (e.g. waiting for etcd) to stderr.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
-            .try_init();
+        logging::init(false, "warn");
     }
     match rt.block_on(dispatch(cli.cmd)) {
         Ok(code) => code,

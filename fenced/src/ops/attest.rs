@@ -116,6 +116,12 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
         .intent_instance(&node)
         .await
         .map_err(OpError::store("read the node's instance"))?;
+    // Read back from etcd: an id outside the rule is recorded as unknown.
+    let instance = if fenced::instance::check_instance_id(&instance).is_ok() {
+        instance
+    } else {
+        String::new()
+    };
     let operator = args.operator;
     let fencer = Arc::new(AttestedFencer {
         operator: operator.clone(),
