@@ -51,7 +51,8 @@ pub enum ConnectError {
 pub enum DaemonError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    #[error("cannot open {}: {source}", path.display())]
+    /// The device's own error names the path and the OS cause.
+    #[error("{source} (--block-device)")]
     OpenDevice {
         path: PathBuf,
         #[source]

@@ -112,9 +112,10 @@ fn main() -> ExitCode {
         }
     };
     if !matches!(cli.cmd, Cmd::Run(_)) {
-        // `run` sets up its own logging (text or JSON); the operator commands log
-        // warnings (e.g. waiting for etcd) to stderr.
-        logging::init(false, "warn");
+        // `run` sets up its own logging (text or JSON). The operator commands say what
+        // went wrong in their one error line; `FENCED_LOG=warn` shows more (each
+        // attempt to reach etcd, blockio's engine choice).
+        logging::init(false, "error");
     }
     match rt.block_on(dispatch(cli.cmd)) {
         Ok(code) => code,

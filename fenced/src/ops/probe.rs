@@ -48,7 +48,8 @@ pub enum ProbeError {
         #[source]
         source: tokio::task::JoinError,
     },
-    #[error("cannot open {} for the probe: {source}", path.display())]
+    /// blockio's error names the path and the OS cause.
+    #[error("{source} (--block-device)")]
     Open {
         path: PathBuf,
         #[source]
