@@ -344,6 +344,17 @@ pub fn file_kind(ft: std::fs::FileType) -> &'static str {
     }
 }
 
+/// The parser's message on one line (some span several: "invalid string\nexpected
+/// `"`, `'`").
+fn flat(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
     let table: toml::Table = toml::from_str(text).map_err(|error| ConfigError::Syntax {
         path: path.to_owned(),
@@ -351,7 +362,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             .span()
             .and_then(|s| text.get(..s.start))
             .map_or(1, |before| 1 + before.matches('\n').count()),
-        message: error.message().to_owned(),
+        message: flat(error.message()),
     })?;
     // Key by key first: serde's own error does not say which key was wrong.
     for (key, value) in &table {
@@ -360,7 +371,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             return Err(ConfigError::Key {
                 path: path.to_owned(),
                 key: key.clone(),
-                message: error.message().to_owned(),
+                message: flat(error.message()),
             });
         }
     }
@@ -369,7 +380,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         .map_err(|error: toml::de::Error| ConfigError::Syntax {
             path: path.to_owned(),
             line: 1,
-            message: error.message().to_owned(),
+            message: flat(error.message()),
         })
 }
 
@@ -1086,6 +1097,104 @@ mod tests {
         } else {
             let e = Settings::resolve(&ebs, Layer::default()).unwrap_err();
             assert!(matches!(e, ConfigError::EbsNotBuilt), "{e}");
+        }
+    }
+
+    /// The config parser and the resolver on any text: never a panic; an error is one
+    /// line naming the line (syntax) or the key (unknown key, wrong type) or the
+    /// setting (out of range).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const KEYS: &[&str] = &[
+            "etcd_endpoints",
+            "root",
+            "node_id",
+            "instance_id",
+            "block_device",
+            "fencer",
+            "preempt",
+            "ebs_volume_id",
+            "ebs_region",
+            "ebs_endpoint_url",
+            "ttl_secs",
+            "self_fence_margin_secs",
+            "claim_ttl_secs",
+            "sweep_secs",
+            "arenas",
+            "watchdog_device",
+            "connect_timeout_secs",
+            "etcd_keepalive_timeout_secs",
+            "ttl",
+            "pid_file",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<u64>().prop_map(|v| v.to_string()),
+                any::<i64>().prop_map(|v| v.to_string()),
+                (0u64..200).prop_map(|v| v.to_string()),
+                "\"[ -~]{0,24}\"",
+                "\"[a-z0-9./:-]{0,12}\"",
+                Just("true".to_owned()),
+                Just("1.5e300".to_owned()),
+                "\\[(\"[a-z0-9:/.]{0,12}\", ?){0,3}\\]",
+                "[^\n]{0,12}",
+            ]
+        }
+
+        fn line() -> impl Strategy<Value = String> {
+            prop_oneof![
+                4 => (prop::sample::select(KEYS), value()).prop_map(|(k, v)| format!("{k} = {v}")),
+                1 => "\\[[a-z_.]{0,8}\\]",
+                1 => "[^\n]{0,40}",
+            ]
+        }
+
+        fn check(text: &str) {
+            let path = Path::new("/etc/fenced.toml");
+            let layer = match parse_file(path, text) {
+                Ok(layer) => layer,
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(!msg.contains('\n'), "{msg}");
+                    match e {
+                        ConfigError::Syntax { line, .. } => {
+                            assert!(line >= 1 && line <= text.matches('\n').count() + 1, "{msg}");
+                        }
+                        ConfigError::Key { key, .. } => {
+                            // A quoted key may be spelled with escapes.
+                            assert!(
+                                text.contains(&key) || text.contains('"') || text.contains('\''),
+                                "{msg}"
+                            );
+                        }
+                        other => panic!("unexpected error kind: {other}"),
+                    }
+                    return;
+                }
+            };
+            for flags in [&["--node-id", "n1", "--fencer", "none"][..], &[]] {
+                if let Err(e) = Settings::resolve(&cli(flags), layer.clone()) {
+                    let msg = e.to_string();
+                    assert!(!msg.contains('\n') && !msg.is_empty(), "{msg}");
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn any_text(text in "(?s).{0,300}") {
+                check(&text);
+            }
+
+            #[test]
+            fn toml_like_text(lines in prop::collection::vec(line(), 0..14)) {
+                check(&lines.join("\n"));
+            }
         }
     }
 }
