@@ -221,12 +221,18 @@ async fn with_ebs(
     Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
 }
 
-/// A watchdog must be a character device; it is opened (and so armed) only by the
-/// agent, after everything else was checked.
+/// A watchdog is a character device (or a regular file standing in for one, as in
+/// tests: it is warned about). It is opened, and so armed, only by the agent; a FIFO
+/// would block that open and a directory cannot be written, so both are refused here,
+/// before anything touches etcd.
 fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
     let why = match std::fs::metadata(path) {
         Err(e) => e.to_string(),
         Ok(m) if m.file_type().is_char_device() => return Ok(()),
+        Ok(m) if m.file_type().is_file() => {
+            tracing::warn!(path = %path.display(), "--watchdog-device is a regular file, not a watchdog device: nothing reboots this host if the daemon hangs");
+            return Ok(());
+        }
         Ok(m) => format!(
             "it is a {}, not a watchdog character device",
             file_kind(m.file_type())

@@ -377,9 +377,14 @@ fn run_refuses_settings_that_cannot_work_before_the_first_etcd_write() {
             "cannot use watchdog",
         ),
         (
-            "watchdog regular file",
-            vec!["--watchdog-device".into(), s(&fx.device)],
-            "not a watchdog character device",
+            "watchdog FIFO",
+            vec!["--watchdog-device".into(), s(&fx.fifo)],
+            "it is a FIFO, not a watchdog character device",
+        ),
+        (
+            "watchdog directory",
+            vec!["--watchdog-device".into(), s(fx.dir.path())],
+            "it is a directory, not a watchdog character device",
         ),
         (
             "nvme on a regular file",
@@ -547,7 +552,7 @@ fn an_unreadable_config_file_is_refused() {
     let fx = Fixture::new();
     let etcd = Etcd::start();
     let p = fx.file("secret.toml", b"node_id = \"n1\"\n");
-    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0)).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o000)).unwrap();
     let a = os(&[
         "status",
         "--etcd-endpoints",

@@ -221,7 +221,8 @@ fn daemons_fence_a_killed_peer_and_not_one_that_left() {
     let s = status(&etcd);
     assert_eq!(s["owed"], serde_json::json!([]));
     assert_eq!(s["audit_records"], 1);
-    // `fenced leave` for n3: SIGTERM, quiesce, depart; exit 0; never fenced.
+    // `fenced leave` for n3: over the control socket its pid file names; quiesce,
+    // depart; exit 0; never fenced.
     let o = fenced()
         .args(["leave", "--pid-file"])
         .arg(dir.path().join("n3.pid"))
