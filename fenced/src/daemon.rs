@@ -51,8 +51,7 @@ pub enum ConnectError {
 pub enum DaemonError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    /// The device's own error names the path and the OS cause.
-    #[error("{source} (--block-device)")]
+    #[error("{}", open_message(path, source))]
     OpenDevice {
         path: PathBuf,
         #[source]
@@ -162,6 +161,17 @@ pub async fn connect(
         }
     }
     unreachable!("the loop returns")
+}
+
+/// "cannot open <path>: <why>", without repeating the device error's own "cannot
+/// open <path>" (its OS cause follows as the error's source).
+fn open_message(path: &Path, source: &nvme_resv::Error) -> String {
+    let inner = source.to_string();
+    if inner.starts_with("cannot open") {
+        inner
+    } else {
+        format!("cannot open {}: {inner}", path.display())
+    }
 }
 
 fn open_device(path: &Path) -> Result<Device, DaemonError> {

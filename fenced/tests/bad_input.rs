@@ -102,6 +102,14 @@ fn assert_refused(case: &str, r: &Ran, want: &str) {
     assert_eq!(r.stderr.lines().last(), Some(errors[0]), "{ctx}");
     assert!(errors[0].starts_with("fenced: "), "{ctx}");
     assert!(errors[0].contains(want), "want {want:?}: {ctx}");
+    // The cause is kept, and said once: no "cannot open X: cannot open X".
+    let parts: Vec<&str> = errors[0].split(": ").collect();
+    for (i, p) in parts.iter().enumerate() {
+        assert!(
+            p.len() < 8 || !parts[i + 1..].contains(p),
+            "{p:?} repeated: {ctx}"
+        );
+    }
 }
 
 /// A usage error: clap's message, exit status 2.
@@ -255,6 +263,10 @@ fn run_refuses_settings_that_cannot_work_before_the_first_etcd_write() {
     let link = fx.path("link.pid");
     std::os::unix::fs::symlink(fx.path("target.pid"), &link).unwrap();
     let taken = fx.file("taken.sock", b"not a socket");
+    let missing_device = format!(
+        "fenced: cannot open {}: No such file or directory",
+        fx.path("nvme9n9").display()
+    );
     let long_sock = format!("{}/{}.sock", fx.dir.path().display(), "s".repeat(120));
     let s = |p: &Path| p.to_str().unwrap().to_owned();
     let table: Vec<(&str, Vec<String>, &str)> = vec![
@@ -406,7 +418,7 @@ fn run_refuses_settings_that_cannot_work_before_the_first_etcd_write() {
                 "--block-device".into(),
                 s(&fx.fifo),
             ],
-            "(--block-device)",
+            "is not an NVMe namespace",
         ),
         (
             "nvme on a directory",
@@ -436,7 +448,7 @@ fn run_refuses_settings_that_cannot_work_before_the_first_etcd_write() {
                 "--block-device".into(),
                 s(&fx.path("nvme9n9")),
             ],
-            "No such file or directory",
+            &missing_device,
         ),
         (
             "nvme without a device",
@@ -682,8 +694,8 @@ fn malformed_ids_keys_and_device_paths_of_the_operator_commands() {
         "--reason must describe".into(),
     ));
     for (name, dev, want) in [
-        ("FIFO", s(&fx.fifo), "(--block-device)"),
-        ("directory", s(fx.dir.path()), "(--block-device)"),
+        ("FIFO", s(&fx.fifo), "cannot probe: "),
+        ("directory", s(fx.dir.path()), "cannot probe: "),
         (
             "/dev/zero",
             "/dev/zero".into(),

@@ -48,8 +48,8 @@ pub enum ProbeError {
         #[source]
         source: tokio::task::JoinError,
     },
-    /// blockio's error names the path and the OS cause.
-    #[error("{source} (--block-device)")]
+    /// blockio's error names the path; its source is the OS cause.
+    #[error("cannot probe: {source}")]
     Open {
         path: PathBuf,
         #[source]
