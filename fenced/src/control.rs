@@ -361,6 +361,20 @@ async fn serve(
         tokio::spawn(async move {
             let peer = stream.peer_cred().ok();
             let (read, mut write) = stream.into_split();
+            // The socket's mode admits root and the daemon's group; the credentials
+            // are checked too, as the mode is set only just after bind.
+            if !peer.is_some_and(|p| allowed(p.uid(), p.gid(), p.pid())) {
+                tracing::warn!(
+                    step = "control",
+                    peer_uid = peer.map(|p| p.uid()),
+                    peer_pid = peer.and_then(|p| p.pid()),
+                    "control socket: request from a user outside root and the daemon's user and group refused"
+                );
+                let _ = write
+                    .write_all(b"refused not root, the daemon's user or its group\n")
+                    .await;
+                return;
+            }
             let mut line = String::new();
             let got = tokio::time::timeout(
                 REQUEST_TIMEOUT,
@@ -394,6 +408,26 @@ async fn serve(
             let _ = leave.send(()).await;
         });
     }
+}
+
+/// Whether a peer may use the control socket: root, the daemon's own user, or a
+/// member (primary or supplementary, from `/proc/<pid>/status`) of its group.
+fn allowed(uid: u32, gid: u32, pid: Option<i32>) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // /proc/self belongs to our effective uid and gid.
+    let Ok(me) = std::fs::metadata("/proc/self") else {
+        return uid == 0;
+    };
+    if uid == 0 || uid == me.uid() || gid == me.gid() {
+        return true;
+    }
+    let Some(pid) = pid else { return false };
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("Groups:"))
+            .is_some_and(|g| g.split_whitespace().any(|g| g.parse() == Ok(me.gid())))
+    })
 }
 
 /// `fenced leave`: asks the daemon on `path` to leave and waits (at most `timeout`)

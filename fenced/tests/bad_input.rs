@@ -1068,6 +1068,22 @@ fn the_pid_file_is_locked_while_the_daemon_runs_and_leave_uses_its_socket() {
         &run(c, fx.dir.path()),
         "is answered by a running fenced",
     );
+    // Another user (not root, not the daemon's group) cannot ask it to leave: the
+    // socket is mode 0660.
+    if std::os::unix::fs::MetadataExt::uid(&std::fs::metadata("/proc/self").unwrap()) == 0 {
+        std::fs::set_permissions(fx.dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut c = fenced();
+        std::os::unix::process::CommandExt::uid(&mut c, 65534);
+        std::os::unix::process::CommandExt::gid(&mut c, 65534);
+        c.args(["leave", "--timeout-secs", "2", "--control-socket"])
+            .arg(&sock);
+        let r = run(c, fx.dir.path());
+        assert_refused("another user", &r, "Permission denied");
+        assert!(
+            d1.0.try_wait().unwrap().is_none(),
+            "the daemon left for another user"
+        );
+    }
     // leave --pid-file: over the socket; the daemon leaves and removes its files.
     let mut c = fenced();
     c.args(["leave", "--pid-file", p]);
