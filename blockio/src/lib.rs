@@ -39,8 +39,11 @@
 #![deny(missing_docs)]
 
 mod error;
+mod fence;
+mod geometry;
 mod options;
 pub mod probe;
+mod req;
 mod sync;
 #[allow(unsafe_code)]
 mod sys;
@@ -51,5 +54,6 @@ pub use options::{DEFAULT_FENCE_PROBE_SETTLE, EngineKind, Options};
 #[cfg(feature = "nvme-resv")]
 pub use probe::ReservationProbe;
 pub use probe::{FenceProbe, FenceVerdict, ProbeError};
+pub use req::{Completion, Rejected};
 pub use sys::buf::AlignedBuf;
-pub use writer::{Completion, DirectWriter, Rejected};
+pub use writer::DirectWriter;

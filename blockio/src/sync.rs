@@ -2,33 +2,32 @@
 //! calling thread, behind the same request/completion API as the io_uring engine. Used
 //! where io_uring is unavailable (sysctl `kernel.io_uring_disabled`, seccomp filters in
 //! containers) or on request.
+//!
+//! It only performs system calls: every raw result goes to the writer's [`Judge`],
+//! which says whether to submit the rest or what the request's outcome is.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::os::fd::AsFd;
 use std::os::unix::fs::FileExt;
 
-use crate::error::{Error, Op, Result, Step, step};
+use crate::error::{Op, Result};
+use crate::req::{Completion, Judge, Next, Progress, Req};
 use crate::sys;
-use crate::writer::{Completion, Fence, Req};
 
 #[derive(Debug)]
 pub(crate) struct SyncEngine {
     file: File,
     dsync: bool,
-    align: usize,
-    pub(crate) fence: Fence,
     inject: VecDeque<i32>,
     syscalls: u64,
 }
 
 impl SyncEngine {
-    pub(crate) fn new(file: File, dsync: bool, align: usize, fence: Fence) -> Self {
+    pub(crate) fn new(file: File, dsync: bool) -> Self {
         Self {
             file,
             dsync,
-            align: align.max(1),
-            fence,
             inject: VecDeque::new(),
             syscalls: 0,
         }
@@ -64,41 +63,47 @@ impl SyncEngine {
         }
     }
 
-    /// Runs a whole request: continues short transfers, resubmits EINTR/EAGAIN, maps
-    /// the result, and records a conflict in the fence.
-    fn run(&mut self, op: Op, buf: &mut IoSlice<'_>, offset: u64) -> Result<()> {
-        let len = buf.len();
-        let mut done = 0usize;
-        let mut again = 0u32;
+    /// Runs a whole request, submitting the rest for as long as `judge` says so.
+    fn run(
+        &mut self,
+        op: Op,
+        buf: &mut IoBuf<'_>,
+        offset: u64,
+        judge: &mut impl Judge,
+    ) -> Result<()> {
+        let mut p = Progress::new(op, offset, buf.len());
         loop {
+            let done = p.done;
             let res = self.once(buf.tail(done), offset + done as u64);
-            match step(op, offset, len, done, &mut again, self.align, res) {
-                Step::Done => return Ok(()),
-                Step::Continue { .. } if op == Op::Write && self.fence.is_fenced() => {
-                    return Err(Error::ReservationConflict { offset, len });
-                }
-                Step::Continue { done: d } => {
-                    if d == done && again > 0 {
+            match judge.judge(&mut p, res, std::time::Instant::now()) {
+                Next::Resubmit => {
+                    if p.done == done && p.again > 0 {
                         std::thread::yield_now();
                     }
-                    done = d;
                 }
-                Step::Fail(e) => return self.fence.judge(Err(e), std::time::Instant::now()),
+                Next::Finish(result) => return result,
             }
         }
     }
 
-    pub(crate) fn start(&mut self, mut req: Req, ready: &mut VecDeque<Completion>) {
+    pub(crate) fn start(
+        &mut self,
+        mut req: Req,
+        ready: &mut VecDeque<Completion>,
+        judge: &mut impl Judge,
+    ) {
         let result = match req.op {
             Op::Write => self.run(
                 Op::Write,
-                &mut IoSlice::Write(req.buf.as_slice()),
+                &mut IoBuf::Write(req.buf.as_slice()),
                 req.offset,
+                judge,
             ),
             Op::Read => self.run(
                 Op::Read,
-                &mut IoSlice::Read(req.buf.as_mut_slice()),
+                &mut IoBuf::Read(req.buf.as_mut_slice()),
                 req.offset,
+                judge,
             ),
         };
         ready.push_back(Completion {
@@ -111,37 +116,44 @@ impl SyncEngine {
         });
     }
 
-    pub(crate) fn write_blocking(&mut self, buf: &[u8], offset: u64) -> Result<()> {
-        self.run(Op::Write, &mut IoSlice::Write(buf), offset)
+    pub(crate) fn write_blocking(
+        &mut self,
+        buf: &[u8],
+        offset: u64,
+        judge: &mut impl Judge,
+    ) -> Result<()> {
+        self.run(Op::Write, &mut IoBuf::Write(buf), offset, judge)
     }
 
-    pub(crate) fn read_blocking(&mut self, buf: &mut [u8], offset: u64) -> Result<()> {
-        self.run(Op::Read, &mut IoSlice::Read(buf), offset)
+    pub(crate) fn read_blocking(
+        &mut self,
+        buf: &mut [u8],
+        offset: u64,
+        judge: &mut impl Judge,
+    ) -> Result<()> {
+        self.run(Op::Read, &mut IoBuf::Read(buf), offset, judge)
     }
 }
 
-enum IoSlice<'a> {
-    Write(&'a [u8]),
-    Read(&'a mut [u8]),
-}
-
+/// The bytes of one request: the source of a write or the destination of a read.
 enum IoBuf<'a> {
     Write(&'a [u8]),
     Read(&'a mut [u8]),
 }
 
-impl IoSlice<'_> {
+impl IoBuf<'_> {
     fn len(&self) -> usize {
         match self {
-            IoSlice::Write(b) => b.len(),
-            IoSlice::Read(b) => b.len(),
+            IoBuf::Write(b) => b.len(),
+            IoBuf::Read(b) => b.len(),
         }
     }
 
+    /// The part from byte `from` on, for the next system call.
     fn tail(&mut self, from: usize) -> IoBuf<'_> {
         match self {
-            IoSlice::Write(b) => IoBuf::Write(&b[from..]),
-            IoSlice::Read(b) => IoBuf::Read(&mut b[from..]),
+            IoBuf::Write(b) => IoBuf::Write(&b[from..]),
+            IoBuf::Read(b) => IoBuf::Read(&mut b[from..]),
         }
     }
 }

@@ -2,215 +2,21 @@
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
-use std::os::fd::AsFd;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, Op, Result};
+use crate::fence::Fence;
+use crate::geometry::{Geometry, learn_geometry, probe_err};
 use crate::options::{EngineKind, Options};
-use crate::probe::{FenceProbe, FenceVerdict};
+use crate::req::{Completion, Rejected, Req};
 use crate::sync::SyncEngine;
 use crate::sys::buf::AlignedBuf;
 use crate::sys::ring::{Ring, RingConfig};
-use crate::sys::{self, DioAlign};
 
 /// Linux caps one read or write at `MAX_RW_COUNT` (`INT_MAX & PAGE_MASK`) bytes.
 const MAX_RW_COUNT: usize = 0x7fff_f000;
-
-/// The fenced state (the first request found refused because of a reservation) and
-/// the one place where a failed write is classified as fenced or not.
-#[derive(Debug, Default)]
-pub(crate) struct Fence {
-    first: Option<(u64, usize)>,
-    probe: Option<Arc<dyn FenceProbe>>,
-    settle: Duration,
-    /// When the latest probe that settled on "not fenced" started: it clears every
-    /// `EIO` observed at least `settle` before that.
-    cleared_at: Option<Instant>,
-}
-
-/// First pause between two probes while a "not fenced" answer settles; doubled each
-/// time up to [`PROBE_PAUSE_MAX`].
-const PROBE_PAUSE_MIN: Duration = Duration::from_millis(2);
-const PROBE_PAUSE_MAX: Duration = Duration::from_millis(50);
-
-impl Fence {
-    pub(crate) fn new(probe: Option<Arc<dyn FenceProbe>>, settle: Duration) -> Self {
-        Self {
-            first: None,
-            probe,
-            settle,
-            cleared_at: None,
-        }
-    }
-
-    pub(crate) fn is_fenced(&self) -> bool {
-        self.first.is_some()
-    }
-
-    /// Records a conflict; the first one is kept.
-    fn set(&mut self, offset: u64, len: usize, why: &'static str) {
-        if self.first.is_none() {
-            tracing::error!(
-                offset,
-                len,
-                why,
-                "blockio: reservation conflict: this host is fenced; refusing all further writes"
-            );
-            self.first = Some((offset, len));
-        }
-    }
-
-    pub(crate) fn first(&self) -> Option<(u64, usize)> {
-        self.first
-    }
-
-    /// Classifies the final result of a request (see the `probe` module for the
-    /// rules): an `EBADE` fences; a write failing with `EIO` is a conflict when the
-    /// writer is already fenced or the probe finds this host fenced within the settle
-    /// time. `observed` is when the engine collected the failed completion (it
-    /// finished in the kernel before that). Every engine passes every finished request
-    /// through here.
-    pub(crate) fn judge(&mut self, result: Result<()>, observed: Instant) -> Result<()> {
-        let (offset, len, source) = match result {
-            Err(Error::ReservationConflict { offset, len }) => {
-                self.set(offset, len, "EBADE");
-                return Err(Error::ReservationConflict { offset, len });
-            }
-            Err(Error::Io {
-                op: Op::Write,
-                offset,
-                len,
-                source,
-            }) if source.raw_os_error() == Some(libc::EIO) => (offset, len, source),
-            other => return other,
-        };
-        let io = |source| Error::Io {
-            op: Op::Write,
-            offset,
-            len,
-            source,
-        };
-        if self.is_fenced() {
-            tracing::warn!(
-                offset,
-                len,
-                "blockio: write failed with EIO after this host was fenced; reported as a reservation conflict"
-            );
-            return Err(Error::ReservationConflict { offset, len });
-        }
-        let Some(probe) = self.probe.clone() else {
-            return Err(io(source));
-        };
-        let settled = observed + self.settle;
-        if self.cleared_at.is_some_and(|t| t >= settled) {
-            return Err(io(source));
-        }
-        let mut pause = PROBE_PAUSE_MIN;
-        let mut probes = 0u32;
-        loop {
-            let started = Instant::now();
-            probes += 1;
-            match probe.probe() {
-                Ok(FenceVerdict::Fenced) => {
-                    self.set(
-                        offset,
-                        len,
-                        "EIO, and the fence probe found this host fenced",
-                    );
-                    return Err(Error::ReservationConflict { offset, len });
-                }
-                Ok(FenceVerdict::NotFenced) if started >= settled => {
-                    tracing::warn!(
-                        offset,
-                        len,
-                        probes,
-                        "blockio: write failed with EIO; the fence probe says this host is not fenced"
-                    );
-                    self.cleared_at = Some(started);
-                    return Err(io(source));
-                }
-                Ok(FenceVerdict::NotFenced) => {
-                    // A device may fail the victim's commands a moment before the
-                    // registration disappears (nvmet does): ask again until settled.
-                    std::thread::sleep(
-                        pause.min(settled.saturating_duration_since(Instant::now())),
-                    );
-                    pause = (pause * 2).min(PROBE_PAUSE_MAX);
-                }
-                Err(probe) => {
-                    tracing::error!(
-                        offset,
-                        len,
-                        error = %probe,
-                        "blockio: write failed with EIO and the fence probe failed: it may have been fenced"
-                    );
-                    return Err(Error::FenceUnverified {
-                        offset,
-                        len,
-                        source,
-                        probe,
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// A queued request as handed to an engine.
-#[derive(Debug)]
-pub(crate) struct Req {
-    pub op: Op,
-    pub tag: u64,
-    pub offset: u64,
-    pub buf: AlignedBuf,
-}
-
-/// The result of one queued request, with its buffer handed back.
-#[derive(Debug)]
-pub struct Completion {
-    /// The caller's tag given at submission.
-    pub tag: u64,
-    /// Read or write.
-    pub op: Op,
-    /// Byte offset of the request.
-    pub offset: u64,
-    /// Length of the request in bytes (the buffer's length).
-    pub len: usize,
-    /// The request's buffer; for a successful read it holds the data.
-    pub buf: AlignedBuf,
-    /// `Ok` when all `len` bytes were transferred.
-    pub result: Result<()>,
-}
-
-/// A request the writer did not accept, with its buffer handed back.
-#[derive(Debug)]
-pub struct Rejected {
-    /// Why it was refused.
-    pub error: Error,
-    /// The caller's buffer, untouched.
-    pub buf: AlignedBuf,
-}
-
-impl std::fmt::Display for Rejected {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "request rejected: {}", self.error)
-    }
-}
-
-impl std::error::Error for Rejected {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-impl From<Rejected> for Error {
-    fn from(r: Rejected) -> Error {
-        r.error
-    }
-}
 
 #[derive(Debug)]
 enum Engine {
@@ -219,13 +25,6 @@ enum Engine {
 }
 
 impl Engine {
-    fn fence(&self) -> &Fence {
-        match self {
-            Engine::Ring(r) => &r.fence,
-            Engine::Sync(s) => &s.fence,
-        }
-    }
-
     fn in_flight(&self) -> usize {
         match self {
             Engine::Ring(r) => r.in_flight(),
@@ -238,17 +37,23 @@ impl Engine {
 struct Inner {
     // Dropped first: the ring drains its in-flight requests before anything else goes.
     engine: Engine,
+    /// Judges every raw result the engine collects, and holds the fenced state.
+    fence: Fence,
     ready: VecDeque<Completion>,
     closed: bool,
 }
 
-/// Geometry learned when opening.
-#[derive(Debug, Clone, Copy)]
-struct Geometry {
-    offset_align: usize,
-    mem_align: usize,
-    size: u64,
-    block_device: bool,
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Requests never reaped still run to their end under the writer's judgment (a
+        // short write is continued), as they would have if reaped. The ring's own Drop
+        // only makes sure the kernel is done with their buffers.
+        if let Engine::Ring(r) = &mut self.engine
+            && let Err(e) = r.drain_all(&mut self.ready, &mut self.fence)
+        {
+            tracing::warn!(error = %e, "io_uring: draining the writer's requests on drop failed");
+        }
+    }
 }
 
 /// An `O_DIRECT` writer (and reader) on a block device or a regular file.
@@ -283,76 +88,6 @@ fn inner_mut(m: &mut Mutex<Inner>) -> &mut Inner {
     m.get_mut().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn probe_err(call: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
-    let path = path.to_path_buf();
-    move |source| Error::Probe { call, path, source }
-}
-
-fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
-    let meta = file.metadata().map_err(probe_err("fstat", path))?;
-    let ft = meta.file_type();
-    let dio = sys::statx_dio_align(file.as_fd()).map_err(probe_err("statx", path))?;
-    if ft.is_block_device() {
-        let lbs =
-            sys::logical_block_size(file.as_fd()).map_err(probe_err("BLKSSZGET", path))? as usize;
-        let size = sys::block_device_size(file.as_fd()).map_err(probe_err("BLKGETSIZE64", path))?;
-        if let Ok(pbs) = sys::physical_block_size(file.as_fd()) {
-            tracing::debug!(path = %path.display(), logical = lbs, physical = pbs, "block device sector sizes");
-        }
-        let (mem, off) = match dio {
-            DioAlign::Align { mem, offset } => (mem as usize, (offset as usize).max(lbs)),
-            _ => (lbs, lbs),
-        };
-        if !off.is_power_of_two() || !mem.is_power_of_two() {
-            return Err(Error::UnknownAlignment {
-                path: path.to_path_buf(),
-            });
-        }
-        Ok(Geometry {
-            offset_align: off,
-            mem_align: mem,
-            size,
-            block_device: true,
-        })
-    } else if ft.is_file() {
-        match dio {
-            DioAlign::Align { mem, offset }
-                if (mem as usize).is_power_of_two() && (offset as usize).is_power_of_two() =>
-            {
-                Ok(Geometry {
-                    offset_align: offset as usize,
-                    mem_align: mem as usize,
-                    size: meta.len(),
-                    block_device: false,
-                })
-            }
-            DioAlign::Unsupported => Err(Error::DirectIoUnsupported {
-                path: path.to_path_buf(),
-            }),
-            // The open with O_DIRECT succeeded but the file system does not report its
-            // alignment (tmpfs, or a kernel before 6.1). Direct I/O alignment never
-            // exceeds the file system block size, so that is a safe, stricter rule.
-            DioAlign::Unknown if meta.blksize().is_power_of_two() && meta.blksize() >= 512 => {
-                let bs = meta.blksize() as usize;
-                tracing::debug!(path = %path.display(), block_size = bs, "no STATX_DIOALIGN; aligning to the file system block size");
-                Ok(Geometry {
-                    offset_align: bs,
-                    mem_align: bs,
-                    size: meta.len(),
-                    block_device: false,
-                })
-            }
-            _ => Err(Error::UnknownAlignment {
-                path: path.to_path_buf(),
-            }),
-        }
-    } else {
-        Err(Error::NotBlockOrFile {
-            path: path.to_path_buf(),
-        })
-    }
-}
-
 impl DirectWriter {
     /// Opens `path` (a block device or a regular file) read-write with `O_DIRECT`,
     /// learns its alignment and size, and starts the engine `options` asks for.
@@ -383,21 +118,10 @@ impl DirectWriter {
             register_file: options.register_file,
             dsync: options.dsync,
             single_issuer: options.single_issuer,
-            align: geometry.offset_align,
-            probe: options.fence_probe.clone(),
-            probe_settle: options.fence_probe_settle,
             registered_buffers: options.registered_buffers,
             buf_align: geometry.offset_align.max(geometry.mem_align),
         };
-        let probe = options.fence_probe.clone();
-        let sync = |f: File| {
-            Engine::Sync(SyncEngine::new(
-                f,
-                options.dsync,
-                geometry.offset_align,
-                Fence::new(probe.clone(), options.fence_probe_settle),
-            ))
-        };
+        let sync = |f: File| Engine::Sync(SyncEngine::new(f, options.dsync));
         let mut fallback = None;
         let engine = match options.engine {
             EngineKind::Sync => sync(dup()?),
@@ -433,6 +157,11 @@ impl DirectWriter {
         Ok(DirectWriter {
             inner: Mutex::new(Inner {
                 engine,
+                fence: Fence::new(
+                    geometry.offset_align,
+                    options.fence_probe,
+                    options.fence_probe_settle,
+                ),
                 ready: VecDeque::new(),
                 closed: false,
             }),
@@ -530,13 +259,13 @@ impl DirectWriter {
 
     /// True once the device refused a request because of a reservation.
     pub fn is_fenced(&self) -> bool {
-        lock(&self.inner).engine.fence().is_fenced()
+        lock(&self.inner).fence.is_fenced()
     }
 
     /// The offset and length of the first request the device refused with a
     /// reservation conflict.
     pub fn fenced_at(&self) -> Option<(u64, usize)> {
-        lock(&self.inner).engine.fence().first()
+        lock(&self.inner).fence.first()
     }
 
     /// Requests outstanding: submitted (or queued) and not yet returned by
@@ -560,8 +289,10 @@ impl DirectWriter {
             buf.as_ptr() as usize,
         )?;
         match &mut inner.engine {
-            Engine::Ring(r) => r.write_blocking(buf.as_slice(), offset, &mut inner.ready),
-            Engine::Sync(s) => s.write_blocking(buf.as_slice(), offset),
+            Engine::Ring(r) => {
+                r.write_blocking(buf.as_slice(), offset, &mut inner.ready, &mut inner.fence)
+            }
+            Engine::Sync(s) => s.write_blocking(buf.as_slice(), offset, &mut inner.fence),
         }
     }
 
@@ -578,8 +309,13 @@ impl DirectWriter {
             buf.as_ptr() as usize,
         )?;
         match &mut inner.engine {
-            Engine::Ring(r) => r.read_blocking(buf.as_mut_slice(), offset, &mut inner.ready),
-            Engine::Sync(s) => s.read_blocking(buf.as_mut_slice(), offset),
+            Engine::Ring(r) => r.read_blocking(
+                buf.as_mut_slice(),
+                offset,
+                &mut inner.ready,
+                &mut inner.fence,
+            ),
+            Engine::Sync(s) => s.read_blocking(buf.as_mut_slice(), offset, &mut inner.fence),
         }
     }
 
@@ -612,7 +348,7 @@ impl DirectWriter {
                 buf: req.buf,
             }),
             Engine::Sync(s) => {
-                s.start(req, &mut inner.ready);
+                s.start(req, &mut inner.ready, &mut inner.fence);
                 Ok(())
             }
         }
@@ -660,10 +396,10 @@ impl DirectWriter {
             && let Engine::Ring(r) = &mut inner.engine
         {
             let want = min - inner.ready.len();
-            r.reap(want, &mut inner.ready)?;
+            r.reap(want, &mut inner.ready, &mut inner.fence)?;
         } else if let Engine::Ring(r) = &mut inner.engine {
             // Pick up what is already done without blocking.
-            r.reap(0, &mut inner.ready)?;
+            r.reap(0, &mut inner.ready, &mut inner.fence)?;
         }
         let n = inner.ready.len();
         out.extend(inner.ready.drain(..));
@@ -674,7 +410,7 @@ impl DirectWriter {
     pub fn wait_all(&mut self, out: &mut Vec<Completion>) -> Result<usize> {
         let inner = inner_mut(&mut self.inner);
         if let Engine::Ring(r) = &mut inner.engine {
-            r.drain_all(&mut inner.ready)?;
+            r.drain_all(&mut inner.ready, &mut inner.fence)?;
         }
         let n = inner.ready.len();
         out.extend(inner.ready.drain(..));
@@ -690,7 +426,7 @@ impl DirectWriter {
             return Err(Error::Closed);
         }
         if let Engine::Ring(r) = &mut inner.engine {
-            r.drain_all(&mut inner.ready)?;
+            r.drain_all(&mut inner.ready, &mut inner.fence)?;
         }
         self.file
             .sync_all()
@@ -703,7 +439,7 @@ impl DirectWriter {
     pub fn close(&mut self) -> Result<()> {
         let inner = inner_mut(&mut self.inner);
         if let Engine::Ring(r) = &mut inner.engine {
-            r.drain_all(&mut inner.ready)?;
+            r.drain_all(&mut inner.ready, &mut inner.fence)?;
         }
         inner.closed = true;
         Ok(())
@@ -743,7 +479,7 @@ fn check_request(
     if inner.closed {
         return Err(Error::Closed);
     }
-    if op == Op::Write && inner.engine.fence().is_fenced() {
+    if op == Op::Write && inner.fence.is_fenced() {
         return Err(Error::ReservationConflict { offset, len });
     }
     if offset % g.offset_align as u64 != 0 {
@@ -785,7 +521,11 @@ mod tests {
     //! The fenced state and the error mapping, driven by injected completion results
     //! through the real engines on a temp file.
 
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
     use super::*;
+    use crate::probe::{FenceProbe, FenceVerdict};
 
     const LEN: u64 = 1 << 20;
 
@@ -1317,6 +1057,69 @@ mod tests {
     #[test]
     fn eio_among_queued_writes_without_a_probe() {
         eio_among_queued_writes(false);
+    }
+
+    /// A fence probe is caller code: if it panics while a blocking write's request may
+    /// be in the kernel, the process aborts instead of unwinding past the caller's
+    /// buffer (which the caller could then free under the kernel). Run in a child
+    /// process, which must die of SIGABRT.
+    #[test]
+    fn a_panicking_probe_during_a_blocking_write_aborts() {
+        const CHILD: &str = "BLOCKIO_PANICKING_PROBE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            #[derive(Debug)]
+            struct Panics;
+            impl FenceProbe for Panics {
+                fn probe(&self) -> std::result::Result<FenceVerdict, crate::ProbeError> {
+                    panic!("the fence probe panicked");
+                }
+            }
+            let (_d, path) = temp_file();
+            let opts = Options::default()
+                .engine(EngineKind::IoUring)
+                .fence_probe(Arc::new(Panics));
+            let mut w = DirectWriter::open(&path, opts).expect("open");
+            let buf = filled(&w, w.alignment(), 0x66);
+            w.inject_completion(-libc::EIO);
+            let _ = w.write_at(&buf, 0);
+            return;
+        }
+        let mut child = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                "--exact",
+                "writer::tests::a_panicking_probe_during_a_blocking_write_aborts",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("start the child");
+        // Without the guard the child does not die: the unwound request's completion
+        // was consumed, so draining the ring on drop waits for it forever.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while child.try_wait().expect("wait for the child").is_none() {
+            if Instant::now() > deadline {
+                child.kill().expect("kill the child");
+                let out = child.wait_with_output().expect("child output");
+                panic!(
+                    "the child hung instead of aborting: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("child output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(
+            out.status.signal(),
+            Some(libc::SIGABRT),
+            "{:?}: {stderr}",
+            out.status
+        );
+        assert!(stderr.contains("aborting to stay memory-safe"), "{stderr}");
     }
 
     #[test]

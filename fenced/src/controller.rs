@@ -1,24 +1,25 @@
 //! The controller (runs in every daemon, any number of replicas): membership watch,
-//! authoritative sweep, and the driver that runs a [`FenceRun`] against etcd and a
-//! [`Fencer`].
+//! authoritative sweep, and the driver that runs a [`FenceRun`] against a
+//! [`FenceStore`] (etcd in the product) and a [`Fencer`]. The driver decides nothing:
+//! it performs each [`FenceAction`] the run returns and feeds the outcome back.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use etcd_client::EventType;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use crate::clock::unix_ms;
 use crate::core::{
-    ClaimOutcome, Confirmation, FenceAction, FenceRun, FenceState, FenceStep, Trigger, Victim,
-    honour_departure, plan_sweep,
+    ClaimOutcome, Confirmation, FenceAction, FenceFailure, FenceRun, FenceState, FenceStep,
+    StepFailure, Trigger, Victim, check_claim_age, plan_sweep,
 };
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::node::NodeId;
-use crate::store::{
-    ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError, count_round_trips,
-};
+use crate::ports::FenceStore;
+use crate::store::{ClaimGuard, EtcdStore, StoreError, count_round_trips};
 
 /// Controller settings.
 #[derive(Debug, Clone)]
@@ -70,10 +71,11 @@ pub struct ControllerStats {
     pub last_fence_round_trips: AtomicU64,
 }
 
-/// The controller.
+/// The controller, over the store `S` (etcd in the product; the in-memory
+/// [`MemStore`](crate::ports::mem::MemStore) in unit tests of its logic).
 #[derive(Debug)]
-pub struct Controller {
-    store: EtcdStore,
+pub struct Controller<S: FenceStore = EtcdStore> {
+    store: S,
     fencer: Arc<dyn Fencer>,
     cfg: ControllerConfig,
     stats: ControllerStats,
@@ -99,12 +101,6 @@ fn fault_error(e: crate::fault::FaultInjected) -> StoreError {
     }
 }
 
-fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct SweepReport {
@@ -120,9 +116,9 @@ pub struct SweepReport {
     pub not_completed: usize,
 }
 
-impl Controller {
+impl<S: FenceStore> Controller<S> {
     /// A controller fencing with `fencer`.
-    pub fn new(store: EtcdStore, fencer: Arc<dyn Fencer>, cfg: ControllerConfig) -> Arc<Self> {
+    pub fn new(store: S, fencer: Arc<dyn Fencer>, cfg: ControllerConfig) -> Arc<Self> {
         if fencer.name() == "none" {
             tracing::warn!(
                 controller = %cfg.id,
@@ -146,7 +142,7 @@ impl Controller {
     }
 
     /// The store.
-    pub fn store(&self) -> &EtcdStore {
+    pub fn store(&self) -> &S {
         &self.store
     }
 
@@ -154,7 +150,10 @@ impl Controller {
     pub fn kick_sweep(&self) {
         self.sweep_now.notify_one();
     }
+}
 
+/// The watch loop needs etcd's membership watch stream: only over [`EtcdStore`].
+impl Controller<EtcdStore> {
     /// Runs the watch and sweep loops until the returned task is aborted (dropping the
     /// task aborts every fence it started, like a process death).
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -297,7 +296,9 @@ impl Controller {
             tokio::time::sleep(backoff).await;
         }
     }
+}
 
+impl<S: FenceStore> Controller<S> {
     /// One authoritative sweep: one range-read transaction, then the owed fences
     /// (concurrently).
     pub async fn sweep_once(self: &Arc<Self>) -> Result<SweepReport, StoreError> {
@@ -330,7 +331,14 @@ impl Controller {
             match r {
                 Ok(FenceState::Fenced { .. }) => report.fenced += 1,
                 Ok(FenceState::Skipped { .. }) => {}
-                _ => report.not_completed += 1,
+                Ok(
+                    FenceState::Failed { .. }
+                    | FenceState::Superseded { .. }
+                    | FenceState::Owed
+                    | FenceState::Claimed { .. }
+                    | FenceState::Severed { .. },
+                )
+                | Err(_) => report.not_completed += 1,
             }
         }
         self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
@@ -342,7 +350,7 @@ impl Controller {
         victim: &Victim,
         guard: ClaimGuard,
         lose_first_answer: bool,
-    ) -> Result<ClaimResult, StoreError> {
+    ) -> Result<ClaimOutcome, StoreError> {
         let mut delay = Duration::from_millis(50);
         for attempt in 0.. {
             let mut r = self.store.claim(victim, &self.cfg.id, guard).await;
@@ -361,42 +369,44 @@ impl Controller {
         unreachable!("the loop returns")
     }
 
-    /// `sever` + `verify` through `fencer`, unless the claim may have expired since
-    /// `claiming` (the start of the claim transaction). A controller that stalled
-    /// between its claim and the preempt (CPU starvation, a paused process) must not
-    /// preempt any more: once the claim is gone the victim may have started afresh
-    /// and joined, and the preempt would sever the new, healthy incarnation (found by
-    /// `tests/fault_schedules.rs`: a 3.4 s stall before `sever` with a 3 s claim TTL).
-    /// The fence stays owed; whoever claims next decides again.
+    /// `sever` + `verify` through `fencer`, unless [`check_claim_age`] says the claim
+    /// taken at `claiming` (the start of the claim transaction) may have expired: then
+    /// the fence stays owed and whoever claims next decides again.
     async fn sever(
         &self,
         fencer: &dyn Fencer,
         victim: &Victim,
         claiming: Instant,
-    ) -> Result<Confirmation, (FenceStep, String)> {
-        let lose = fault(FenceStep::Sever)
-            .await
-            .map_err(|m| (FenceStep::Sever, m.to_string()))?;
-        let held = claiming.elapsed();
-        if held > self.store.claim_ttl() / 2 {
-            tracing::warn!(step = "sever", node = %victim.node, claimed_ago = ?held, claim_ttl = ?self.store.claim_ttl(), "claim may have expired: not severing");
-            return Err((
+    ) -> Result<Confirmation, StepFailure> {
+        let failed = |step, failure| StepFailure { step, failure };
+        let lose = fault(FenceStep::Sever).await.map_err(|m| {
+            failed(
                 FenceStep::Sever,
-                format!(
-                    "not severed: claimed {held:?} ago, the claim (TTL {:?}) may have expired",
-                    self.store.claim_ttl()
-                ),
-            ));
+                FenceFailure::Injected {
+                    what: m.to_string(),
+                },
+            )
+        })?;
+        let held = claiming.elapsed();
+        if let Err(failure) = check_claim_age(held, self.store.claim_ttl()) {
+            tracing::warn!(step = "sever", node = %victim.node, claimed_ago = ?held, claim_ttl = ?self.store.claim_ttl(), "claim may have expired: not severing");
+            return Err(failed(FenceStep::Sever, failure));
         }
-        let r = fencer
-            .fence(victim)
-            .await
-            .map_err(|e| (e.step, e.cause.to_string()));
+        let r = fencer.fence(victim).await.map_err(|e| {
+            failed(
+                e.step,
+                FenceFailure::Fencer {
+                    message: e.cause.to_string(),
+                },
+            )
+        });
         if lose {
             return r.and_then(|_| {
-                Err((
+                Err(failed(
                     FenceStep::Sever,
-                    "fail point fence::sever: fencer ran, answer lost".to_owned(),
+                    FenceFailure::Injected {
+                        what: "fail point fence::sever: fencer ran, answer lost".to_owned(),
+                    },
                 ))
             });
         }
@@ -434,7 +444,7 @@ impl Controller {
         guard: ClaimGuard,
     ) -> FenceState {
         let mut critical = 0;
-        let (mut run, _) = FenceRun::new(
+        let (mut run, mut action) = FenceRun::new(
             victim.clone(),
             trigger,
             &self.cfg.id,
@@ -444,145 +454,129 @@ impl Controller {
         // The claim's lease was granted at most a quarter TTL before this; it is never
         // renewed.
         let claiming = Instant::now();
-        let (mut claimed, claim_rts) = count_round_trips(async {
-            let lose = fault(FenceStep::Claim).await.map_err(fault_error)?;
-            self.claim_with_retry(&victim, guard, lose).await
-        })
-        .await;
-        critical += claim_rts;
-        if let (
-            Ok(ClaimResult::Refused(ClaimRefusal::Departed { arenas })),
-            ClaimGuard::Watch { deleted_rev },
-        ) = (&claimed, guard)
-        {
-            if honour_departure(*arenas) {
-                tracing::info!(step = "claim", node = %victim.node, "departure marker honoured: node owns no arena, not fenced");
-            } else {
-                run.add_signal(format!(
-                    "departure marker ignored: arena records show {} owned",
-                    arenas.map_or("unknown".to_owned(), |n| n.to_string())
-                ));
-                claimed = self
-                    .claim_with_retry(&victim, ClaimGuard::IgnoreDeparture { deleted_rev }, false)
+        let as_failure = |e: StoreError| FenceFailure::Store {
+            cause: e.to_string(),
+        };
+        loop {
+            action = match action {
+                FenceAction::Claim => {
+                    let (claimed, claim_rts) = count_round_trips(async {
+                        let lose = fault(FenceStep::Claim).await.map_err(fault_error)?;
+                        self.claim_with_retry(&victim, guard, lose).await
+                    })
                     .await;
-            }
-        }
-        let outcome = match claimed {
-            Ok(ClaimResult::Outcome(o)) => Ok(o),
-            Ok(ClaimResult::Refused(r)) => Ok(ClaimOutcome::NotOwed {
-                why: match r {
-                    ClaimRefusal::Member => "node is a member again".to_owned(),
-                    ClaimRefusal::Departed { .. } => "departed cleanly, owns no arena".to_owned(),
-                    ClaimRefusal::AlreadyFenced => {
-                        "already fenced: a fence mark was written after this DELETE".to_owned()
-                    }
-                    ClaimRefusal::SnapshotAged => {
-                        "sweep snapshot aged: fence completed elsewhere or state changed".to_owned()
-                    }
-                },
-            }),
-            Err(e) => Err(e.to_string()),
-        };
-        let won = match &outcome {
-            Ok(ClaimOutcome::Won {
-                generation_rev,
-                claim_rev,
-                arenas,
-                ..
-            }) => Some((*generation_rev, *claim_rev, arenas.clone())),
-            _ => None,
-        };
-        let won_claim = won.is_some();
-        let mut action = run.on_claim(outcome, Instant::now());
-        if action == FenceAction::Sever {
-            let r = self.sever(fencer, &victim, claiming).await;
-            action = run.on_sever(r, Instant::now(), unix_ms());
-        }
-        match (action, won) {
-            (
-                FenceAction::Finish {
-                    from,
-                    release_arenas,
-                    audit,
-                },
-                Some((generation_rev, claim_rev, arenas)),
-            ) => {
-                let bump = async {
-                    let lose = fault(FenceStep::Bump).await.map_err(fault_error)?;
-                    let json = serde_json::to_string(&*audit).unwrap_or_default();
-                    let r = self
-                        .store
-                        .finish(
-                            &victim.node,
-                            from,
-                            generation_rev,
-                            claim_rev,
-                            release_arenas.then_some(arenas.as_slice()),
-                            json,
+                    critical += claim_rts;
+                    run.on_claim(claimed.map_err(as_failure), Instant::now())
+                }
+                FenceAction::ClaimIgnoringDeparture => {
+                    let deleted_rev = match guard {
+                        ClaimGuard::Watch { deleted_rev }
+                        | ClaimGuard::IgnoreDeparture { deleted_rev } => deleted_rev,
+                        // The core asks only on the watch path; a sweep's guard carries
+                        // no DELETE to anchor the fence-mark guard to.
+                        ClaimGuard::Sweep(_) => i64::MAX,
+                    };
+                    tracing::info!(step = "claim", node = %victim.node, "departure marker not honoured: the node still owns arenas, claiming with the marker ignored");
+                    let claimed = self
+                        .claim_with_retry(
+                            &victim,
+                            ClaimGuard::IgnoreDeparture { deleted_rev },
+                            false,
                         )
                         .await;
-                    if lose {
-                        return r.and_then(|_| Err(answer_lost("finish")));
+                    run.on_claim(claimed.map_err(as_failure), Instant::now())
+                }
+                FenceAction::Sever => {
+                    let r = self.sever(fencer, &victim, claiming).await;
+                    run.on_sever(r, Instant::now(), unix_ms())
+                }
+                FenceAction::Finish {
+                    from,
+                    generation_rev,
+                    claim_rev,
+                    release_arenas,
+                    arenas,
+                    audit,
+                } => {
+                    let bump = async {
+                        let lose = fault(FenceStep::Bump).await.map_err(fault_error)?;
+                        let json = serde_json::to_string(&*audit).unwrap_or_default();
+                        let r = self
+                            .store
+                            .finish(
+                                &victim.node,
+                                from,
+                                generation_rev,
+                                claim_rev,
+                                release_arenas.then_some(arenas.as_slice()),
+                                json,
+                            )
+                            .await;
+                        if lose {
+                            return r.and_then(|_| Err(answer_lost("finish")));
+                        }
+                        r
+                    };
+                    let (r, finish_rts) = count_round_trips(bump).await;
+                    critical += finish_rts;
+                    let next = run.on_finish(r.map_err(as_failure));
+                    self.stats
+                        .last_fence_round_trips
+                        .store(critical, Ordering::Relaxed);
+                    if let FenceState::Fenced { generation } = run.state() {
+                        tracing::info!(
+                            target: "fenced::audit",
+                            step = "release_claim",
+                            node = %victim.node,
+                            instance = %victim.instance,
+                            generation_before = from,
+                            generation_after = generation,
+                            fencer = %audit.fencer,
+                            fencer_result = %audit.fencer_result,
+                            arenas_released = audit.arenas_released.len(),
+                            total_ms = audit.total_ms,
+                            audit = %serde_json::to_string(&*audit).unwrap_or_default(),
+                            "node fenced"
+                        );
                     }
-                    r
-                };
-                let (r, finish_rts) = count_round_trips(bump).await;
-                critical += finish_rts;
-                run.on_finish(r.map_err(|e| e.to_string()));
-                self.stats
-                    .last_fence_round_trips
-                    .store(critical, Ordering::Relaxed);
-                if let FenceState::Fenced { generation } = run.state() {
-                    tracing::info!(
+                    next
+                }
+                FenceAction::Abort { claim_rev, audit } => {
+                    let json = serde_json::to_string(&*audit).unwrap_or_default();
+                    tracing::error!(
                         target: "fenced::audit",
                         step = "release_claim",
                         node = %victim.node,
-                        instance = %victim.instance,
-                        generation_before = from,
-                        generation_after = generation,
-                        fencer = %audit.fencer,
                         fencer_result = %audit.fencer_result,
-                        arenas_released = audit.arenas_released.len(),
-                        total_ms = audit.total_ms,
-                        audit = %serde_json::to_string(&*audit).unwrap_or_default(),
-                        "node fenced"
+                        audit = %json,
+                        "fence NOT confirmed: generation not bumped, fence stays owed (sweep retries)"
                     );
-                }
-            }
-            (FenceAction::Abort { audit }, Some((_, claim_rev, _))) => {
-                let json = serde_json::to_string(&*audit).unwrap_or_default();
-                tracing::error!(
-                    target: "fenced::audit",
-                    step = "release_claim",
-                    node = %victim.node,
-                    fencer_result = %audit.fencer_result,
-                    audit = %json,
-                    "fence NOT confirmed: generation not bumped, fence stays owed (sweep retries)"
-                );
-                let abort = async {
-                    let lose = fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
-                    let r = self
-                        .store
-                        .abort(
-                            &victim.node,
-                            claim_rev,
-                            audit.generation_before,
-                            audit.unix_ms,
-                            json,
-                        )
-                        .await;
-                    if lose {
-                        return r.and_then(|()| Err(answer_lost("abort")));
+                    let abort = async {
+                        let lose = fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
+                        let r = self
+                            .store
+                            .abort(
+                                &victim.node,
+                                claim_rev,
+                                audit.generation_before,
+                                audit.unix_ms,
+                                json,
+                            )
+                            .await;
+                        if lose {
+                            return r.and_then(|()| Err(answer_lost("abort")));
+                        }
+                        r
+                    };
+                    if let Err(e) = abort.await {
+                        tracing::warn!(node = %victim.node, error = %e, "releasing the claim failed; it expires with its lease");
                     }
-                    r
-                };
-                if let Err(e) = abort.await {
-                    tracing::warn!(node = %victim.node, error = %e, "releasing the claim failed; it expires with its lease");
+                    FenceAction::Stop
                 }
-            }
-            _ => {}
+                FenceAction::Stop => break,
+            };
         }
-        if won_claim {
+        if run.won_claim() {
             // Refill the spare claim lease, off the critical path.
             let store = self.store.clone();
             tokio::spawn(async move { store.prepare_claim_lease().await });
@@ -594,11 +588,364 @@ impl Controller {
                 tracing::info!(node = %victim.node, trigger = ?trigger, why = %why, "fence skipped");
                 self.stats.skipped.fetch_add(1, Ordering::Relaxed)
             }
-            other => {
+            other @ (FenceState::Failed { .. }
+            | FenceState::Superseded { .. }
+            | FenceState::Owed
+            | FenceState::Claimed { .. }
+            | FenceState::Severed { .. }) => {
                 tracing::warn!(node = %victim.node, trigger = ?trigger, state = ?other, "retrying incomplete fence later");
                 self.stats.failed.fetch_add(1, Ordering::Relaxed)
             }
         };
         state
+    }
+}
+
+/// The controller's decisions against the in-memory store: logic only (the protocol on
+/// a real etcd is `tests/fencing.rs`, `tests/failpoints.rs`, `tests/fault_schedules.rs`).
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::core::{FenceFailure, SkipReason};
+    use crate::fencer::{BoxFuture, FenceError};
+    use crate::ports::mem::MemStore;
+
+    /// A Fencer answering from a script (confirmed when the script is empty), that
+    /// can run a store action while "severing" (e.g. let the claim expire).
+    #[derive(Default)]
+    struct Scripted {
+        answers: Mutex<VecDeque<Result<(), FenceStep>>>,
+        calls: AtomicU64,
+        during: Option<Box<dyn Fn() + Send + Sync>>,
+    }
+
+    impl std::fmt::Debug for Scripted {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("Scripted")
+        }
+    }
+
+    impl Scripted {
+        fn failing(step: FenceStep) -> Self {
+            let s = Self::default();
+            s.answers.lock().unwrap().push_back(Err(step));
+            s
+        }
+        fn calls(&self) -> u64 {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Fencer for Scripted {
+        fn name(&self) -> &'static str {
+            "scripted"
+        }
+        fn fence<'a>(
+            &'a self,
+            victim: &'a Victim,
+        ) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            if let Some(f) = &self.during {
+                f();
+            }
+            let answer = self.answers.lock().unwrap().pop_front().unwrap_or(Ok(()));
+            Box::pin(async move {
+                match answer {
+                    Ok(()) => Ok(Confirmation {
+                        fencer: "scripted".into(),
+                        severed: true,
+                        evidence: format!("{} severed", victim.node),
+                    }),
+                    Err(step) => Err(FenceError::new(step, "key still registered")),
+                }
+            })
+        }
+    }
+
+    fn n(s: &str) -> NodeId {
+        NodeId::new(s).unwrap()
+    }
+
+    fn victim(node: &str) -> Victim {
+        Victim {
+            node: n(node),
+            instance: format!("i-{node}"),
+        }
+    }
+
+    fn controller(store: &MemStore, fencer: &Arc<Scripted>) -> Arc<Controller<MemStore>> {
+        Controller::new(
+            store.clone(),
+            fencer.clone() as Arc<dyn Fencer>,
+            ControllerConfig::new("c1"),
+        )
+    }
+
+    /// `node` joined with arena `a-<node>` and its lease expired: the DELETE's revision.
+    fn dead(store: &MemStore, node: &str) -> i64 {
+        store.join(&n(node), &format!("i-{node}"));
+        store.give_arena(&n(node), &format!("a-{node}"));
+        store.expire(&n(node))
+    }
+
+    #[tokio::test]
+    async fn a_watched_death_is_fenced_once_and_its_arenas_freed() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let guard = ClaimGuard::Watch { deleted_rev };
+        let state = c.fence(victim("n1"), Trigger::Watch, guard).await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        assert_eq!(store.generation(&n("n1")), 1);
+        assert!(!store.owed(&n("n1")) && !store.claimed(&n("n1")));
+        assert!(store.state().free.contains("a-n1"));
+        // The same DELETE delivered again (a second controller, a replay): not owed.
+        let again = c.fence(victim("n1"), Trigger::Watch, guard).await;
+        assert_eq!(
+            again,
+            FenceState::Skipped {
+                why: SkipReason::NotOwed(crate::core::Refusal::AlreadyFenced)
+            }
+        );
+        assert_eq!((fencer.calls(), store.generation(&n("n1"))), (1, 1));
+        assert_eq!(c.stats().fenced.load(Ordering::SeqCst), 1);
+        assert_eq!(c.stats().skipped.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_departure_refused_for_owned_arenas_is_claimed_again_and_fenced() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        store.join(&n("n1"), "i-n1");
+        store.give_arena(&n("n1"), "a1");
+        let deleted_rev = store.mark_departed(&n("n1"));
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        assert_eq!(fencer.calls(), 1);
+        let audit = store.state().audit.last().cloned().unwrap();
+        assert!(
+            audit
+                .3
+                .contains("departure marker ignored: arena records show 1 owned"),
+            "{audit:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_clean_departure_owning_nothing_is_not_fenced() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        store.join(&n("n1"), "i-n1");
+        let deleted_rev = store.mark_departed(&n("n1"));
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        let FenceState::Skipped { why } = state else {
+            panic!("{state:?}")
+        };
+        assert_eq!(why.to_string(), "departed cleanly, owns no arena");
+        assert_eq!((fencer.calls(), store.generation(&n("n1"))), (0, 0));
+        assert!(!store.owed(&n("n1")));
+        // The sweep honours it too.
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.honoured, r.fenced), (1, 0));
+    }
+
+    #[tokio::test]
+    async fn a_claim_held_elsewhere_is_left_to_its_holder() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        store.hold_claim(&n("n1"), "c2");
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(
+            state,
+            FenceState::Skipped {
+                why: SkipReason::HeldBy("c2".into())
+            }
+        );
+        assert_eq!(fencer.calls(), 0);
+        // The sweep leaves it to the holder as well.
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.fenced, r.not_completed), (0, 0));
+        assert_eq!(store.generation(&n("n1")), 0);
+    }
+
+    #[tokio::test]
+    async fn an_unconfirmed_fence_stays_owed_and_the_sweep_finishes_it() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::failing(FenceStep::Verify));
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        let FenceState::Failed {
+            step: FenceStep::Verify,
+            error: FenceFailure::Fencer { message },
+        } = state
+        else {
+            panic!("{state:?}")
+        };
+        assert_eq!(message, "key still registered");
+        // Not bumped, still owed, claim given back, the failed attempt audited.
+        assert_eq!(store.generation(&n("n1")), 0);
+        assert!(store.owed(&n("n1")) && !store.claimed(&n("n1")));
+        assert!(store.state().audit.iter().any(|a| a.2));
+        assert!(!store.state().free.contains("a-n1"));
+        assert_eq!(c.stats().failed.load(Ordering::SeqCst), 1);
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.fenced, r.not_completed), (1, 0));
+        assert_eq!(store.generation(&n("n1")), 1);
+        assert!(!store.owed(&n("n1")));
+        assert_eq!(fencer.calls(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_claim_lost_before_the_bump_writes_nothing_and_stays_owed() {
+        let store = MemStore::new();
+        let expiring = store.clone();
+        let fencer = Arc::new(Scripted {
+            during: Some(Box::new(move || expiring.expire_claim(&n("n1")))),
+            ..Scripted::default()
+        });
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(
+            state,
+            FenceState::Failed {
+                step: FenceStep::Bump,
+                error: FenceFailure::ClaimLost
+            }
+        );
+        assert_eq!(store.generation(&n("n1")), 0);
+        assert!(store.owed(&n("n1")));
+        assert!(!store.state().free.contains("a-n1"));
+    }
+
+    #[tokio::test]
+    async fn a_failed_finish_leaves_the_fence_owed_until_the_claim_expires() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        store.fail_next("finish", 1);
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert!(
+            matches!(
+                &state,
+                FenceState::Failed {
+                    step: FenceStep::Bump,
+                    error: FenceFailure::Store { .. }
+                }
+            ),
+            "{state:?}"
+        );
+        assert_eq!(store.generation(&n("n1")), 0);
+        assert!(store.owed(&n("n1")));
+        // Our claim is still held (it expires with its lease): the sweep leaves it.
+        assert!(store.claimed(&n("n1")));
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 0);
+        store.expire_claim(&n("n1"));
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
+        assert_eq!(store.generation(&n("n1")), 1);
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_store_at_claim_is_retried() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        store.fail_next("claim", 2);
+        let state = c
+            .fence(
+                victim("n1"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        // Past the retries: a failure at the claim, nothing written.
+        let deleted_rev = dead(&store, "n2");
+        store.fail_next("claim", 5);
+        let state = c
+            .fence(
+                victim("n2"),
+                Trigger::Watch,
+                ClaimGuard::Watch { deleted_rev },
+            )
+            .await;
+        assert!(
+            matches!(
+                state,
+                FenceState::Failed {
+                    step: FenceStep::Claim,
+                    ..
+                }
+            ),
+            "{state:?}"
+        );
+        assert!(!store.owed(&n("n2")) && !store.claimed(&n("n2")));
+    }
+
+    #[tokio::test]
+    async fn the_sweep_drops_stale_marks_of_members_and_spares_its_own_node() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let mut cfg = ControllerConfig::new("c1");
+        cfg.own_node = Some(n("self"));
+        let c = Controller::new(store.clone(), fencer.clone() as Arc<dyn Fencer>, cfg);
+        // n1 was fenced, then rejoined: its mark is stale.
+        dead(&store, "n1");
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
+        store.join(&n("n1"), "i-n1b");
+        // Our own node's membership is gone: the peers fence it, not us.
+        dead(&store, "self");
+        let r = c.sweep_once().await.unwrap();
+        assert_eq!((r.dropped, r.fenced), (1, 0));
+        assert!(store.state().done.is_empty());
+        assert_eq!(store.generation(&n("self")), 0);
+        assert_eq!(fencer.calls(), 1);
     }
 }

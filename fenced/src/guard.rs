@@ -1,5 +1,6 @@
-//! The generation guard: other storage tools put it into every metadata transaction,
-//! so that a fenced node's late metadata writes are refused.
+//! The generation guard, from the `generation-guard` crate (which needs only
+//! `etcd-client`, so storage tools can use it without the daemon's dependencies),
+//! with fenced's key layout as its [`GenerationKey`].
 //!
 //! ```no_run
 //! # async fn demo(mut client: etcd_client::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -18,55 +19,30 @@
 //! # Ok(()) }
 //! ```
 
-use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnResponse};
+pub use generation_guard::{GenerationGuard, GenerationKey};
 
 use crate::keys::Keys;
-use crate::node::NodeId;
 
-/// "`gen/<node>` still equals the writer's generation".
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GenerationGuard {
-    key: String,
-    generation: u64,
+impl GenerationKey for Keys {
+    /// `<root>gen/<node>`, the same key as [`Keys::generation`] (pinned by a test).
+    fn generation_key(&self, node: &str) -> String {
+        generation_guard::generation_key(self.root(), node)
+    }
 }
 
-impl GenerationGuard {
-    /// The guard of `node` writing at `generation`.
-    pub fn new(keys: &Keys, node: &NodeId, generation: u64) -> Self {
-        Self {
-            key: keys.generation(node),
-            generation,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeId;
+
+    #[test]
+    fn guard_compares_the_key_the_store_bumps() {
+        for root in ["/fenced/", "/fenced", "/a/b/"] {
+            let keys = Keys::new(root);
+            let node = NodeId::new("n1").unwrap();
+            let g = GenerationGuard::new(&keys, &node, 7);
+            assert_eq!(g.key(), keys.generation(&node), "{root}");
+            assert_eq!(g.generation(), 7);
         }
-    }
-
-    /// The generation the writer holds.
-    pub fn generation(&self) -> u64 {
-        self.generation
-    }
-
-    /// The compare to add to a transaction.
-    pub fn compare(&self) -> Compare {
-        Compare::value(
-            self.key.clone(),
-            CompareOp::Equal,
-            self.generation.to_string(),
-        )
-    }
-
-    /// A transaction performing `ops` only while the writer's generation is current.
-    pub fn txn(&self, ops: Vec<TxnOp>) -> Txn {
-        self.txn_with(Vec::new(), ops)
-    }
-
-    /// Like [`txn`](Self::txn), with the caller's own compares added.
-    pub fn txn_with(&self, mut compares: Vec<Compare>, ops: Vec<TxnOp>) -> Txn {
-        compares.push(self.compare());
-        Txn::new().when(compares).and_then(ops)
-    }
-
-    /// Whether a guarded transaction was refused. (With `txn_with`, a refusal may also
-    /// be the caller's own compare.)
-    pub fn refused(resp: &TxnResponse) -> bool {
-        !resp.succeeded()
     }
 }

@@ -2,6 +2,9 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
+//! - [`ports`]: the narrow store traits of the controller's fence path and the agent's
+//!   leave, for etcd and in memory (unit tests of their logic).
+//! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids; [`instance`]: the instance id rule.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
@@ -11,6 +14,7 @@
 #![deny(unsafe_code)]
 
 pub mod agent;
+pub mod clock;
 pub mod controller;
 pub mod core;
 pub mod fault;
@@ -19,6 +23,7 @@ pub mod guard;
 pub mod instance;
 pub mod keys;
 pub mod node;
+pub mod ports;
 pub mod store;
 
 #[cfg(feature = "ebs")]

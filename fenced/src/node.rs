@@ -1,84 +1,8 @@
-//! Node identifiers: validated once, so an etcd key can never be ambiguous.
+//! Node identifiers: validated once, so an etcd key can never be ambiguous. The rule
+//! itself lives in `nvme_resv::node`, so the `nvme-resv` CLI's `key-for-node` and the
+//! daemon accept the same ids.
 
-use std::fmt;
-
-/// Longest node id accepted (a DNS label).
-pub const MAX_NODE_ID_LEN: usize = 63;
-
-/// A validated node id: 1..=63 characters from `[A-Za-z0-9._-]`, starting with an
-/// alphanumeric character.
-///
-/// The id is embedded in etcd keys such as `membership/<node>` and in the prefix
-/// `arena_node/<node>/`; a `/` (or an empty id) would let one node's keys fall under
-/// another node's prefix, so such ids are refused up front rather than escaped.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct NodeId(String);
-
-/// Why a string is not a valid [`NodeId`].
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum InvalidNodeId {
-    /// The id is empty.
-    #[error("invalid node id: empty")]
-    Empty,
-    /// The id is longer than [`MAX_NODE_ID_LEN`].
-    #[error("invalid node id {id:?}: longer than {MAX_NODE_ID_LEN} characters")]
-    TooLong {
-        /// The refused id.
-        id: String,
-    },
-    /// The id contains a character outside `[A-Za-z0-9._-]` or does not start with an
-    /// alphanumeric character.
-    #[error(
-        "invalid node id {id:?}: character {ch:?} not allowed (use A-Z a-z 0-9 . _ -, starting with a letter or digit; keys must not be ambiguous)"
-    )]
-    BadChar {
-        /// The refused id.
-        id: String,
-        /// The first offending character.
-        ch: char,
-    },
-}
-
-impl NodeId {
-    /// Validates `id`.
-    pub fn new(id: &str) -> Result<Self, InvalidNodeId> {
-        if id.is_empty() {
-            return Err(InvalidNodeId::Empty);
-        }
-        if id.len() > MAX_NODE_ID_LEN {
-            return Err(InvalidNodeId::TooLong { id: id.to_owned() });
-        }
-        for (i, ch) in id.chars().enumerate() {
-            let ok = ch.is_ascii_alphanumeric() || (i > 0 && matches!(ch, '.' | '_' | '-'));
-            if !ok {
-                return Err(InvalidNodeId::BadChar {
-                    id: id.to_owned(),
-                    ch,
-                });
-            }
-        }
-        Ok(Self(id.to_owned()))
-    }
-
-    /// The id as a string.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for NodeId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::str::FromStr for NodeId {
-    type Err = InvalidNodeId;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::new(s)
-    }
-}
+pub use nvme_resv::node::{InvalidNodeId, MAX_NODE_ID_LEN, NodeId};
 
 /// The local instance id: `/sys/devices/virtual/dmi/id/board_asset_tag` holds the EC2
 /// instance id on Nitro instances; otherwise the machine id; otherwise the hostname.
@@ -99,39 +23,4 @@ pub fn local_instance_id() -> String {
         }
     }
     "unknown".to_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn accepts_plain_ids() {
-        for id in ["n1", "node-a", "ip-10-0-0-1.ec2.internal", "A_b"] {
-            assert_eq!(NodeId::new(id).unwrap().as_str(), id);
-        }
-    }
-
-    #[test]
-    fn refuses_ambiguous_ids() {
-        assert_eq!(NodeId::new(""), Err(InvalidNodeId::Empty));
-        assert!(matches!(
-            NodeId::new("a/b"),
-            Err(InvalidNodeId::BadChar { ch: '/', .. })
-        ));
-        assert!(matches!(
-            NodeId::new("-a"),
-            Err(InvalidNodeId::BadChar { ch: '-', .. })
-        ));
-        assert!(matches!(
-            NodeId::new("a b"),
-            Err(InvalidNodeId::BadChar { ch: ' ', .. })
-        ));
-        assert!(matches!(
-            NodeId::new(&"x".repeat(64)),
-            Err(InvalidNodeId::TooLong { .. })
-        ));
-        let msg = NodeId::new("a/b").unwrap_err().to_string();
-        assert!(msg.starts_with("invalid node id \"a/b\""), "{msg}");
-    }
 }

@@ -10,6 +10,7 @@ use crate::{Key, ReservationType};
 
 /// Reservation Register Action (RREGA), CDW10 bits 2:0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum RegisterAction {
     /// Register Reservation Key (000b).
     Register,
@@ -21,6 +22,7 @@ pub enum RegisterAction {
 
 /// Change Persist Through Power Loss State (CPTPL), CDW10 bits 31:30.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum Cptpl {
     /// No change to the PTPL state (00b).
     #[default]
@@ -49,6 +51,7 @@ pub struct Register {
 
 /// Reservation Acquire Action (RACQA), CDW10 bits 2:0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum AcquireAction {
     /// Acquire (000b).
     Acquire,
@@ -75,6 +78,7 @@ pub struct Acquire {
 
 /// Reservation Release Action (RRELA), CDW10 bits 2:0.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ReleaseAction {
     /// Release (000b).
     Release,

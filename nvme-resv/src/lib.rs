@@ -11,7 +11,11 @@
 //! [`cmd`] holds the pure command encoders, [`report`] the report parser, [`status`]
 //! the NVMe status decoding, [`model`] an in-memory model of the specification's
 //! reservation rules. [`Namespace`] is the real device; [`Reservations`] is the trait
-//! both the device and the model implement.
+//! both the device and the model implement. [`node`] holds the rule for valid node ids
+//! ([`NodeId`]) and [`raw`] any other passthrough command through a safe function.
+//!
+//! Feature flags: `cli` (default) builds the `nvme-resv` binary; `json` adds
+//! [`ReservationStatus::to_nvme_cli_json`]. The library alone needs neither.
 //!
 //! # Example
 //!
@@ -50,6 +54,8 @@ pub mod cmd;
 mod error;
 pub mod model;
 pub mod namespace;
+pub mod node;
+pub mod raw;
 pub mod report;
 pub mod status;
 mod sys;
@@ -60,6 +66,7 @@ use std::hash::Hasher;
 pub use cmd::{Acquire, AcquireAction, Cptpl, Register, RegisterAction, Release, ReleaseAction};
 pub use error::{Error, Operation, ReportError, Result};
 pub use namespace::{Capabilities, Namespace, ReportFormat};
+pub use node::{InvalidNodeId, NodeId};
 pub use report::{RegisteredController, ReservationStatus};
 pub use status::NvmeStatus;
 
@@ -83,6 +90,9 @@ pub const ZERO_HASH_KEY: Key = Key(0xcbf2_9ce4_8422_2325);
 
 /// The reservation key of a node: FNV-1a 64 of its node id's UTF-8 bytes. Any survivor
 /// can compute the key of any other node without a registry. Never returns `Key(0)`.
+///
+/// Hashes any string; to refuse ids that `fenced` refuses (empty, `/`, ...) validate
+/// with [`NodeId::new`] first and use [`NodeId::key`].
 pub fn key_for_node(node_id: &str) -> Key {
     let mut h = fnv::FnvHasher::default();
     h.write(node_id.as_bytes());
@@ -240,6 +250,11 @@ macro_rules! forward_reservations {
     )*};
 }
 forward_reservations!(&T, Box<T>, std::sync::Arc<T>);
+
+/// The README's example, compiled with the doc tests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
 
 #[cfg(test)]
 mod tests {

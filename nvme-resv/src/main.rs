@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nvme_resv::{
-    Acquire, AcquireAction, Cptpl, Error, Key, Namespace, NvmeStatus, Register, RegisterAction,
-    Release, ReleaseAction, ReportFormat, ReservationStatus, ReservationType, Reservations,
-    key_for_node,
+    Acquire, AcquireAction, Cptpl, Error, Key, Namespace, NodeId, NvmeStatus, Register,
+    RegisterAction, Release, ReleaseAction, ReportFormat, ReservationStatus, ReservationType,
+    Reservations,
 };
 
 #[derive(Debug, Parser)]
@@ -55,8 +55,9 @@ enum Verb {
     Capabilities(CapsArgs),
     /// Print the reservation key of a node id (FNV-1a 64; never 0).
     KeyForNode {
-        /// The node id.
-        node_id: String,
+        /// The node id: 1-63 characters of A-Z a-z 0-9 . _ -, starting with a letter or
+        /// digit (the rule fenced applies).
+        node_id: NodeId,
     },
 }
 
@@ -277,7 +278,7 @@ fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
     };
     match cli.verb {
         Verb::KeyForNode { node_id } => {
-            println!("{}", key_for_node(&node_id));
+            println!("{}", node_id.key());
         }
         Verb::Register(a) => {
             let cmd = Register {

@@ -8,13 +8,15 @@ use std::path::{Path, PathBuf};
 
 use crate::cmd::{self, opcode};
 use crate::error::{Error, Operation, ReportError, Result};
+use crate::raw::{Command, Data, Queue};
 use crate::report::{self, EXTENDED_ENTRY_LEN, EXTENDED_HEADER_LEN};
 use crate::status::{Completion, NvmeStatus};
-use crate::sys::{self, Command, Data, Queue};
+use crate::sys;
 use crate::{Acquire, Register, Release, ReservationStatus, ReservationType, Reservations};
 
 /// Which Reservation Report data structure to request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
 pub enum ReportFormat {
     /// Extended data structure (EDS=1): 128-bit host identifiers.
     #[default]
@@ -28,6 +30,7 @@ pub enum ReportFormat {
 /// What a namespace and its controller support, from Identify Controller (ONCS) and
 /// Identify Namespace (RESCAP, FLBAS/LBAF).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// Whether reservations can be used: ONCS bit 5 set and at least one type in RESCAP.
     pub reservations: bool,
@@ -154,7 +157,7 @@ impl Namespace {
     }
 
     fn submit(&self, op: Operation, queue: Queue, cmd: Command, data: Data<'_>) -> Result<u32> {
-        match sys::submit(self.file.as_fd(), queue, cmd, data) {
+        match sys::submit(self.file.as_fd(), queue, &cmd, data).completion {
             Completion::Success { result } => Ok(result),
             Completion::Status(status) => Err(Error::Device {
                 op,
@@ -179,12 +182,7 @@ impl Namespace {
         self.submit(
             op,
             Queue::Admin,
-            Command {
-                opcode: opcode::ADMIN_IDENTIFY,
-                nsid,
-                cdw10: u32::from(cns),
-                cdw11: 0,
-            },
+            Command::new(opcode::ADMIN_IDENTIFY, nsid).cdw10(u32::from(cns)),
             Data::FromDevice(&mut buf[..]),
         )?;
         Ok(buf)
@@ -232,12 +230,7 @@ impl Namespace {
         self.submit(
             op,
             Queue::Io,
-            Command {
-                opcode,
-                nsid: self.nsid,
-                cdw10,
-                cdw11: 0,
-            },
+            Command::new(opcode, self.nsid).cdw10(cdw10),
             Data::ToDevice(data),
         )
         .map(drop)
@@ -252,12 +245,9 @@ impl Namespace {
             self.submit(
                 Operation::Report,
                 Queue::Io,
-                Command {
-                    opcode: opcode::RESERVATION_REPORT,
-                    nsid: self.nsid,
-                    cdw10: cmd::report_cdw10(len),
-                    cdw11: cmd::report_cdw11(extended),
-                },
+                Command::new(opcode::RESERVATION_REPORT, self.nsid)
+                    .cdw10(cmd::report_cdw10(len))
+                    .cdw11(cmd::report_cdw11(extended)),
                 Data::FromDevice(buf),
             )
             .map(drop)

@@ -5,8 +5,6 @@
 //! Reservation Status Extended Data Structure (64-byte header, 64-byte Registered
 //! Controller Extended entries with 128-bit host identifiers). Little endian.
 
-use serde_json::{Value, json};
-
 use crate::error::ReportError;
 use crate::{HostId, Key, ReservationType};
 
@@ -51,6 +49,39 @@ pub struct ReservationStatus {
 }
 
 impl ReservationStatus {
+    /// A report built by hand (test doubles, benchmarks): REGCTL is the number of
+    /// `registrants` (saturating at 65535), PTPLS clear, extended data structure.
+    /// Refine with [`with_ptpls`](Self::with_ptpls) and
+    /// [`with_extended`](Self::with_extended).
+    pub fn new(
+        generation: u32,
+        rtype: ReservationType,
+        registrants: Vec<RegisteredController>,
+    ) -> Self {
+        Self {
+            generation,
+            rtype,
+            regctl: u16::try_from(registrants.len()).unwrap_or(u16::MAX),
+            ptpls: false,
+            registrants,
+            extended: true,
+        }
+    }
+
+    /// Sets PTPLS.
+    #[must_use]
+    pub fn with_ptpls(mut self, ptpls: bool) -> Self {
+        self.ptpls = ptpls;
+        self
+    }
+
+    /// Sets whether the report is in the extended data structure.
+    #[must_use]
+    pub fn with_extended(mut self, extended: bool) -> Self {
+        self.extended = extended;
+        self
+    }
+
     /// The registrant holding the reservation (RCSTS bit 0), `None` when no
     /// reservation is held. For the all-registrants types every registrant holds it;
     /// this returns the first.
@@ -76,7 +107,11 @@ impl ReservationStatus {
     /// `cntlid`, `rcsts`, `rkey` as numbers and `hostid` as 32 lowercase hex digits in
     /// byte order. A report read with the regular structure is printed under
     /// `regctls` with `hostid` as a number, as nvme-cli does without `--eds`.
-    pub fn to_nvme_cli_json(&self) -> Value {
+    ///
+    /// Needs the `json` feature (on with the default `cli`).
+    #[cfg(feature = "json")]
+    pub fn to_nvme_cli_json(&self) -> serde_json::Value {
+        use serde_json::{Value, json};
         let entries: Vec<Value> = self
             .registrants
             .iter()
@@ -116,6 +151,33 @@ impl ReservationStatus {
 }
 
 impl RegisteredController {
+    /// A registrant with `hostid` and `rkey` that does not hold the reservation, with
+    /// controller ID 0xFFFF (dynamic controller model) — for reports built by hand
+    /// (test doubles, benchmarks). Refine with [`with_cntlid`](Self::with_cntlid) and
+    /// [`holding`](Self::holding).
+    pub const fn new(hostid: HostId, rkey: Key) -> Self {
+        Self {
+            cntlid: 0xffff,
+            rcsts: 0,
+            hostid,
+            rkey,
+        }
+    }
+
+    /// Sets the controller ID.
+    #[must_use]
+    pub const fn with_cntlid(mut self, cntlid: u16) -> Self {
+        self.cntlid = cntlid;
+        self
+    }
+
+    /// Sets or clears RCSTS bit 0 (holds the reservation).
+    #[must_use]
+    pub const fn holding(mut self, holds: bool) -> Self {
+        self.rcsts = (self.rcsts & !1) | holds as u8;
+        self
+    }
+
     /// RCSTS bit 0: this registrant holds the reservation.
     pub const fn holds_reservation(&self) -> bool {
         self.rcsts & 1 != 0
@@ -331,8 +393,36 @@ mod tests {
         assert_eq!(st.registrants[2].hostid.0[8..], [0; 8]);
         assert_eq!(st.holder().map(|h| h.rkey), Some(Key(0xb0)));
         assert_eq!(encode(&st), b);
-        let j = st.to_nvme_cli_json();
-        assert_eq!(j["regctls"][2]["hostid"], 0x1002);
+        #[cfg(feature = "json")]
+        {
+            let j = st.to_nvme_cli_json();
+            assert_eq!(j["regctls"][2]["hostid"], 0x1002);
+        }
+    }
+
+    #[test]
+    fn hand_built_report_matches_the_parsed_one() {
+        let parsed = parse_extended(&extended_fixture()).unwrap();
+        let built = ReservationStatus::new(
+            parsed.generation,
+            parsed.rtype,
+            vec![
+                RegisteredController::new(parsed.registrants[0].hostid, parsed.registrants[0].rkey),
+                RegisteredController::new(parsed.registrants[1].hostid, parsed.registrants[1].rkey)
+                    .with_cntlid(parsed.registrants[1].cntlid)
+                    .holding(true),
+            ],
+        )
+        .with_ptpls(parsed.ptpls);
+        assert_eq!(built, parsed);
+        assert_eq!(encode(&built), extended_fixture());
+        let r = RegisteredController::new(HostId::default(), Key(1)).holding(true);
+        assert!(r.holds_reservation() && !r.holding(false).holds_reservation());
+        assert!(
+            !ReservationStatus::new(0, ReservationType::NONE, vec![])
+                .with_extended(false)
+                .extended
+        );
     }
 
     #[test]
@@ -413,6 +503,7 @@ mod tests {
         assert!(parse_regular(&b).is_err());
     }
 
+    #[cfg(feature = "json")]
     #[test]
     fn nvme_cli_json_shape() {
         let st = parse_extended(&extended_fixture()).unwrap();

@@ -181,6 +181,7 @@ impl fmt::Display for NvmeStatus {
 
 /// How a passthrough command completed, decoded from the ioctl's return value.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Completion {
     /// Return value 0: success; `result` is completion queue entry dword 0.
     Success {

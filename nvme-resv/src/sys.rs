@@ -5,6 +5,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
+use crate::raw::{Command, Data, Queue, Reply};
 use crate::status::{Completion, decode_return};
 
 /// `struct nvme_passthru_cmd` (also `struct nvme_admin_cmd`).
@@ -69,9 +70,18 @@ const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd64, result) == 72);
 const IOC_NONE: u32 = 0;
 const IOC_WRITE: u32 = 1;
 const IOC_READ: u32 = 2;
+/// Width of the size field: `_IOC_SIZEBITS`.
+const IOC_SIZEBITS: u32 = 14;
 
+/// `_IOC(dir, type, nr, size)`. A size that does not fit the 14-bit field is a
+/// compile-time error (the ioctl numbers are consts), as the kernel's
+/// `_IOC_TYPECHECK` makes it; masking it would silently name another ioctl.
 const fn ioc(dir: u32, ty: u8, nr: u8, size: usize) -> u32 {
-    (dir << 30) | ((size as u32 & 0x3fff) << 16) | ((ty as u32) << 8) | nr as u32
+    assert!(
+        size < 1 << IOC_SIZEBITS,
+        "ioctl argument too large for _IOC"
+    );
+    (dir << 30) | ((size as u32) << 16) | ((ty as u32) << 8) | nr as u32
 }
 
 const fn io(ty: u8, nr: u8) -> u32 {
@@ -95,34 +105,6 @@ pub(crate) const NVME_IOCTL_ADMIN64_CMD: u32 = iowr::<NvmePassthruCmd64>(b'N', 0
 #[allow(dead_code)]
 pub(crate) const NVME_IOCTL_IO64_CMD: u32 = iowr::<NvmePassthruCmd64>(b'N', 0x48);
 
-/// Which queue a passthrough command goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Queue {
-    Admin,
-    Io,
-}
-
-/// The data buffer of a command, owned by the caller for the duration of the call.
-#[derive(Debug)]
-pub(crate) enum Data<'a> {
-    /// No data transfer.
-    #[allow(dead_code)]
-    None,
-    /// Host to controller (the kernel only reads it).
-    ToDevice(&'a [u8]),
-    /// Controller to host (the kernel writes up to its length).
-    FromDevice(&'a mut [u8]),
-}
-
-/// What a caller fills in; the pointer fields are derived from [`Data`].
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct Command {
-    pub opcode: u8,
-    pub nsid: u32,
-    pub cdw10: u32,
-    pub cdw11: u32,
-}
-
 /// Issues the raw passthrough ioctl `req` with `cmd`; returns the ioctl's return value
 /// (negative: see errno).
 ///
@@ -138,15 +120,20 @@ pub(crate) unsafe fn passthru_raw(fd: BorrowedFd<'_>, req: u32, cmd: &mut NvmePa
 }
 
 /// Submits `cmd` with `data` on `queue` and decodes the completion. Safe: the buffer
-/// is borrowed for the whole call and its pointer and length come from the slice.
-pub(crate) fn submit(fd: BorrowedFd<'_>, queue: Queue, cmd: Command, data: Data<'_>) -> Completion {
+/// is borrowed for the whole call and its pointer and length come from the slice; a
+/// shared (`ToDevice`) buffer is only passed with an opcode the kernel reads from
+/// (checked here, whatever the caller checked).
+pub(crate) fn submit(fd: BorrowedFd<'_>, queue: Queue, cmd: &Command, data: Data<'_>) -> Reply {
     let (addr, len) = match data {
         Data::None => (0u64, 0usize),
-        Data::ToDevice(b) => (b.as_ptr() as u64, b.len()),
+        // The kernel maps the buffer for reading only when opcode bit 0 is set
+        // (`nvme_is_write`); otherwise it would write into a shared borrow.
+        Data::ToDevice(b) if cmd.is_write() => (b.as_ptr() as u64, b.len()),
+        Data::ToDevice(_) => return einval(),
         Data::FromDevice(b) => (b.as_mut_ptr() as u64, b.len()),
     };
     let Ok(data_len) = u32::try_from(len) else {
-        return Completion::Os(io::Error::from_raw_os_error(libc::EINVAL));
+        return einval();
     };
     let mut raw = NvmePassthruCmd {
         opcode: cmd.opcode,
@@ -155,17 +142,31 @@ pub(crate) fn submit(fd: BorrowedFd<'_>, queue: Queue, cmd: Command, data: Data<
         data_len,
         cdw10: cmd.cdw10,
         cdw11: cmd.cdw11,
+        cdw12: cmd.cdw12,
+        cdw13: cmd.cdw13,
+        cdw14: cmd.cdw14,
+        cdw15: cmd.cdw15,
+        timeout_ms: cmd.timeout_ms,
         ..NvmePassthruCmd::default()
     };
     let req = match queue {
         Queue::Admin => NVME_IOCTL_ADMIN_CMD,
         Queue::Io => NVME_IOCTL_IO_CMD,
     };
-    // SAFETY: `addr`/`data_len` come from a slice borrowed (mutably for FromDevice)
-    // until this function returns, so the memory is valid for the kernel's access in
-    // the direction the opcode implies; no metadata buffer is passed.
+    // SAFETY: `addr`/`data_len` come from a slice borrowed (mutably for FromDevice,
+    // and shared only for an opcode the kernel reads from) until this function
+    // returns, so the memory is valid for the kernel's access in the direction the
+    // opcode implies; no metadata buffer is passed.
     let ret = unsafe { passthru_raw(fd, req, &mut raw) };
-    decode_return(ret, raw.result, io::Error::last_os_error)
+    let completion = decode_return(ret, raw.result, io::Error::last_os_error);
+    Reply { ret, completion }
+}
+
+fn einval() -> Reply {
+    Reply {
+        ret: -libc::EINVAL,
+        completion: Completion::Os(io::Error::from_raw_os_error(libc::EINVAL)),
+    }
 }
 
 /// `NVME_IOCTL_ID`: the namespace ID of the namespace `fd` refers to.
@@ -193,6 +194,16 @@ mod tests {
         assert_eq!(NVME_IOCTL_IO64_CMD, 0xc050_4e48);
     }
 
+    /// The one `_IOC` of this crate against hand-computed encodings, including the
+    /// largest size the field holds (a larger one does not compile).
+    #[test]
+    fn ioc_encodes_each_field() {
+        assert_eq!(ioc(IOC_NONE, 0x12, 104, 0), 0x1268); // BLKSSZGET
+        assert_eq!(ioc(IOC_READ, b'N', 1, 8), 0x8008_4e01);
+        assert_eq!(ioc(IOC_WRITE, 0, 0, (1 << IOC_SIZEBITS) - 1), 0x7fff_0000);
+        assert_eq!(iowr::<u64>(b'N', 0xff), 0xc008_4eff);
+    }
+
     #[test]
     fn nvme_ioctl_id_on_a_regular_file_is_enotty() {
         let f = std::fs::File::open("/proc/self/exe").unwrap();
@@ -209,15 +220,11 @@ mod tests {
         let c = submit(
             f.as_fd(),
             Queue::Io,
-            Command {
-                opcode: 0x0e,
-                nsid: 1,
-                cdw10: 15,
-                cdw11: 1,
-            },
+            &Command::new(0x0e, 1).cdw10(15).cdw11(1),
             Data::FromDevice(&mut buf),
         );
-        match c {
+        assert!(c.ret < 0);
+        match c.completion {
             Completion::Os(e) => assert_eq!(e.raw_os_error(), Some(libc::ENOTTY)),
             other => panic!("{other:?}"),
         }

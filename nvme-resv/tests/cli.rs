@@ -48,6 +48,28 @@ fn key_for_node_prints_the_library_key() {
 }
 
 #[test]
+fn key_for_node_refuses_ids_fenced_refuses() {
+    for (id, why) in [
+        ("a/b", "character '/' not allowed"),
+        ("-a", "character '-' not allowed"),
+        ("", "empty"),
+    ] {
+        // `--`: "-a" is a value here, not an option.
+        let o = run(bin().args(["key-for-node", "--", id]));
+        assert_eq!(o.status.code(), Some(2), "{id:?}: usage error");
+        assert!(o.stdout.is_empty(), "{id:?}: no key printed");
+        let err = stderr(&o);
+        let first = err.lines().next().unwrap_or_default();
+        assert!(
+            first.contains("invalid node id") && first.contains(why),
+            "{id:?}: {err}"
+        );
+        // The same rule as the library's (and so fenced's) NodeId.
+        assert!(nvme_resv::NodeId::new(id).is_err(), "{id:?}");
+    }
+}
+
+#[test]
 fn not_an_nvme_device_fails_clearly() {
     let f = tempfile::NamedTempFile::new().unwrap();
     for verb in [

@@ -1,13 +1,17 @@
-//! A single-member etcd for one test or bench.
+//! A single-member etcd for one test or bench, and the version of the etcd under test.
 //!
 //! The binary is `$FENCED_ETCD`, else the older per-crate names `$FENCED_TEST_ETCD`
 //! (fenced's tests) and `$FENCED_BENCH_ETCD` (benches), else Debian's `/usr/bin/etcd`
-//! (`apt-get install etcd-server`).
+//! (`apt-get install etcd-server`: 3.4.23 on Debian 12). `scripts/install-deps` unpacks
+//! Debian 13's etcd 3.5 at `/var/tmp/fenced-etcd-3.5/usr/bin/etcd`, and
+//! `scripts/test-all` runs the etcd-facing suites once per version.
 
+use std::fmt;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Environment variables naming the etcd binary, first set (non-empty) wins.
@@ -18,11 +22,139 @@ pub const ETCD_ENV: [&str; 3] = ["FENCED_ETCD", "FENCED_TEST_ETCD", "FENCED_BENC
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The etcd binary: the first of [`ETCD_ENV`] that is set, else `/usr/bin/etcd`.
+///
+/// The first call in a process also prints the binary's version to stderr (`etcd 3.5.16
+/// (/path)`, shown with a failing test's output or `--nocapture`), so every test run
+/// names the etcd it ran against, whichever launcher starts it.
 pub fn etcd_binary() -> String {
+    let _ = detected_version();
+    binary_from_env()
+}
+
+fn binary_from_env() -> String {
     ETCD_ENV
         .iter()
         .find_map(|v| std::env::var(v).ok().filter(|s| !s.is_empty()))
         .unwrap_or_else(|| "/usr/bin/etcd".to_owned())
+}
+
+/// `etcd --version` of [`etcd_binary`], run once per process and printed.
+fn detected_version() -> &'static Result<EtcdVersion, String> {
+    static VERSION: OnceLock<Result<EtcdVersion, String>> = OnceLock::new();
+    VERSION.get_or_init(|| {
+        let bin = binary_from_env();
+        let v = EtcdVersion::of(&bin);
+        match &v {
+            Ok(v) => eprintln!("test-support: etcd {v} ({bin})"),
+            Err(e) => eprintln!("test-support: etcd version unknown: {e}"),
+        }
+        v
+    })
+}
+
+/// The version of an etcd server binary, as `etcd --version` reports it.
+///
+/// Tests use it where etcd releases behave differently (see
+/// [`EtcdVersion::has_stale_leader_revoke_check`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct EtcdVersion {
+    /// 3 for every etcd this project supports.
+    pub major: u32,
+    /// 4 (Debian 12), 5 (Debian 13), 6...
+    pub minor: u32,
+    /// Patch release.
+    pub patch: u32,
+}
+
+impl EtcdVersion {
+    /// The version of the etcd that the tests start ([`etcd_binary`]), detected once per
+    /// process.
+    ///
+    /// # Panics
+    /// When the binary cannot be run or does not print an `etcd Version: X.Y.Z` line; the
+    /// message names the binary and what to do.
+    pub fn current() -> Self {
+        match detected_version() {
+            Ok(v) => *v,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Runs `binary --version` and parses its `etcd Version: X.Y.Z` line.
+    ///
+    /// # Errors
+    /// A message naming the binary and the cause: it cannot be run (the OS error), exits
+    /// with a failure, or prints no version line.
+    pub fn of(binary: &str) -> Result<Self, String> {
+        let out = Command::new(binary)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| {
+                format!(
+                    "cannot run `{binary} --version`: {e} (apt-get install etcd-server, \
+                     scripts/install-deps for etcd 3.5, or set FENCED_ETCD)"
+                )
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!(
+                "`{binary} --version` failed ({}): {text}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr)
+            ));
+        }
+        Self::parse(&text).ok_or_else(|| {
+            format!("`{binary} --version` printed no `etcd Version: X.Y.Z` line: {text}")
+        })
+    }
+
+    /// Parses the output of `etcd --version` (its `etcd Version: 3.4.23` line).
+    pub fn parse(version_output: &str) -> Option<Self> {
+        let v = version_output
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("etcd Version:"))?
+            .trim();
+        // Pre-releases (`3.6.0-rc.1`) count as their release.
+        let v = v.split(['-', '+']).next()?;
+        let mut parts = v.split('.').map(str::parse::<u32>);
+        let (Some(Ok(major)), Some(Ok(minor)), Some(Ok(patch)), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return None;
+        };
+        Some(Self {
+            major,
+            minor,
+            patch,
+        })
+    }
+
+    /// Whether this etcd has etcd-io/etcd#16822's fix for etcd-io/etcd#15247 (a *leader*
+    /// that stalls for longer than a lease's TTL and then resumes may still act as the
+    /// lessor for a moment and revoke every lease it saw no renewal for, although the
+    /// new leader renewed them): before revoking, the leader confirms its leadership.
+    /// Released in 3.4.31 (#17465) and 3.5.13 (#17425); in 3.6 from the start. Debian
+    /// 12's 3.4.23 lacks it, Debian 13's 3.5.16 has it.
+    ///
+    /// The fix is partial: the check is skipped while the raft loop ticked within the
+    /// last three ticks, which covers a leader whose raft loop is blocked (slow disk) but
+    /// not one whose whole process froze (SIGSTOP, a paused VM): its ticker resumes with
+    /// it. Measured with `fenced/tests/hung_member.rs` on 3.5.16: a leader stopped for
+    /// 8 s and continued still revoked live leases in about half of the runs.
+    pub fn has_stale_leader_revoke_check(self) -> bool {
+        match (self.major, self.minor) {
+            (3, 4) => self.patch >= 31,
+            (3, 5) => self.patch >= 13,
+            (major, minor) => (major, minor) > (3, 5),
+        }
+    }
+}
+
+impl fmt::Display for EtcdVersion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}.{}", self.major, self.minor, self.patch)
+    }
 }
 
 /// Whether the etcd whose client port is `client_port` on 127.0.0.1 answers
@@ -177,6 +309,52 @@ mod tests {
         drop(etcd);
         assert!(!alive(pid), "etcd {pid} still running after drop");
         assert!(!dir.exists(), "{} not removed", dir.display());
+    }
+
+    #[test]
+    fn parses_the_version_lines_of_debians_etcd_releases() {
+        let bookworm = "etcd Version: 3.4.23\nGit SHA: Not provided (use ./build instead of go build)\nGo Version: go1.19.8\nGo OS/Arch: linux/amd64\n";
+        let trixie = "etcd Version: 3.5.16\nGit SHA: Not provided (use ./build instead of go build)\nGo Version: go1.24.0\nGo OS/Arch: linux/amd64\n";
+        let v34 = EtcdVersion::parse(bookworm).unwrap();
+        let v35 = EtcdVersion::parse(trixie).unwrap();
+        assert_eq!((v34.major, v34.minor, v34.patch), (3, 4, 23));
+        assert_eq!(v35.to_string(), "3.5.16");
+        assert!(v34 < v35);
+        assert_eq!(
+            EtcdVersion::parse("etcd Version: 3.6.0-rc.1\n").map(|v| v.to_string()),
+            Some("3.6.0".into())
+        );
+        for bad in [
+            "",
+            "etcd Version: 3.5\n",
+            "etcd Version: x.y.z\n",
+            "Version: 3.5.16",
+        ] {
+            assert_eq!(EtcdVersion::parse(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn stale_leader_revoke_check_is_in_releases_from_the_fix_on() {
+        let v = |s: &str| EtcdVersion::parse(&format!("etcd Version: {s}")).unwrap();
+        for buggy in ["3.3.27", "3.4.23", "3.4.30", "3.5.0", "3.5.12"] {
+            assert!(!v(buggy).has_stale_leader_revoke_check(), "{buggy}");
+        }
+        for fixed in ["3.4.31", "3.4.37", "3.5.13", "3.5.16", "3.6.0", "4.0.0"] {
+            assert!(v(fixed).has_stale_leader_revoke_check(), "{fixed}");
+        }
+    }
+
+    #[test]
+    fn the_binary_under_test_reports_its_version() {
+        let v = EtcdVersion::of(&etcd_binary()).expect("etcd --version");
+        assert_eq!(v, EtcdVersion::current());
+        assert_eq!(v.major, 3, "{v}");
+        let missing = EtcdVersion::of("/nonexistent/etcd").unwrap_err();
+        assert!(
+            missing.contains("/nonexistent/etcd") && missing.contains("FENCED_ETCD"),
+            "{missing}"
+        );
     }
 
     #[test]

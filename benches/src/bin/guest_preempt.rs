@@ -26,78 +26,21 @@ use std::time::{Duration, Instant};
 use benches::Summary;
 use nvme_resv::{Acquire, AcquireAction, Key, Namespace, Register, ReservationType, Reservations};
 
-#[allow(unsafe_code)]
 mod sys {
-    //! The floor's own minimal passthrough: one `#[repr(C)]` struct and two ioctls.
-    use std::os::fd::{AsRawFd, BorrowedFd};
+    //! The floor: the two passthrough commands through `nvme_resv::raw` (the crate's
+    //! command layout and ioctl numbers, no parsing, no allocation).
+    use std::os::fd::BorrowedFd;
 
-    /// `struct nvme_passthru_cmd` (linux/nvme_ioctl.h).
-    #[repr(C)]
-    #[derive(Debug, Default, Clone, Copy)]
-    pub struct NvmePassthruCmd {
-        pub opcode: u8,
-        pub flags: u8,
-        pub rsvd1: u16,
-        pub nsid: u32,
-        pub cdw2: u32,
-        pub cdw3: u32,
-        pub metadata: u64,
-        pub addr: u64,
-        pub metadata_len: u32,
-        pub data_len: u32,
-        pub cdw10: u32,
-        pub cdw11: u32,
-        pub cdw12: u32,
-        pub cdw13: u32,
-        pub cdw14: u32,
-        pub cdw15: u32,
-        pub timeout_ms: u32,
-        pub result: u32,
-    }
-    const _: () = assert!(size_of::<NvmePassthruCmd>() == 72);
-
-    const fn ioc(dir: u32, ty: u8, nr: u8, size: usize) -> u32 {
-        (dir << 30) | ((size as u32) << 16) | ((ty as u32) << 8) | nr as u32
-    }
-    /// `NVME_IOCTL_ID`: `_IO('N', 0x40)`.
-    pub const NVME_IOCTL_ID: u32 = ioc(0, b'N', 0x40, 0);
-    /// `NVME_IOCTL_IO_CMD`: `_IOWR('N', 0x43, struct nvme_passthru_cmd)`.
-    pub const NVME_IOCTL_IO_CMD: u32 = ioc(3, b'N', 0x43, size_of::<NvmePassthruCmd>());
+    use nvme_resv::raw::{self, Command, Data, Queue};
 
     /// The namespace id of `fd`.
     pub fn nsid(fd: BorrowedFd<'_>) -> std::io::Result<u32> {
-        // SAFETY: NVME_IOCTL_ID takes no argument and only returns the nsid; `fd` is a
-        // valid open descriptor for the duration of the call.
-        let r = unsafe { libc::ioctl(fd.as_raw_fd(), NVME_IOCTL_ID as _) };
-        if r < 0 {
-            Err(std::io::Error::last_os_error())
-        } else {
-            Ok(r as u32)
-        }
-    }
-
-    /// Issues `cmd` whose `addr`/`data_len` describe a buffer; returns the raw ioctl
-    /// return (< 0 OS error, 0 success, > 0 NVMe status).
-    ///
-    /// # Safety
-    /// `cmd.addr` must point to `cmd.data_len` bytes valid for reads and writes for
-    /// the duration of the call.
-    pub unsafe fn io_cmd(fd: BorrowedFd<'_>, cmd: &mut NvmePassthruCmd) -> i32 {
-        // SAFETY: `cmd` is a valid, exclusively borrowed nvme_passthru_cmd of the size
-        // encoded in the ioctl number; the caller guarantees the data buffer it points
-        // to; `fd` is open for the duration of the call.
-        unsafe {
-            libc::ioctl(
-                fd.as_raw_fd(),
-                NVME_IOCTL_IO_CMD as _,
-                cmd as *mut NvmePassthruCmd,
-            )
-        }
+        raw::namespace_id(fd)
     }
 
     /// The floor: preempt + report as two bare ioctls. Panics on a non-zero return.
     pub fn raw_once(
-        fd: std::os::fd::BorrowedFd<'_>,
+        fd: BorrowedFd<'_>,
         nsid: u32,
         racqa: u8,
         crkey: u64,
@@ -107,38 +50,15 @@ mod sys {
         let mut data = [0u8; 16];
         data[..8].copy_from_slice(&crkey.to_le_bytes());
         data[8..].copy_from_slice(&prkey.to_le_bytes());
-        let mut acq = NvmePassthruCmd {
-            opcode: 0x11,
-            nsid,
-            addr: data.as_mut_ptr() as u64,
-            data_len: 16,
-            cdw10: u32::from(racqa) | (u32::from(super::RTYPE.0) << 8),
-            ..Default::default()
-        };
-        // SAFETY: `addr` points to `data`, 16 bytes, live across the call.
-        let r = unsafe { io_cmd(fd, &mut acq) };
+        let acq =
+            Command::new(0x11, nsid).cdw10(u32::from(racqa) | (u32::from(super::RTYPE.0) << 8));
+        let r = raw::submit(fd, Queue::Io, &acq, Data::ToDevice(&data)).ret;
         assert_eq!(r, 0, "raw acquire returned {r:#x}");
-        let mut rep = NvmePassthruCmd {
-            opcode: 0x0e,
-            nsid,
-            addr: report.as_mut_ptr() as u64,
-            data_len: super::REPORT_LEN as u32,
-            cdw10: (super::REPORT_LEN / 4 - 1) as u32,
-            cdw11: 1, // EDS: extended data structure
-            ..Default::default()
-        };
-        // SAFETY: `addr` points to `report`, super::REPORT_LEN bytes, live across the call.
-        let r = unsafe { io_cmd(fd, &mut rep) };
+        let rep = Command::new(0x0e, nsid)
+            .cdw10((super::REPORT_LEN / 4 - 1) as u32)
+            .cdw11(1); // EDS: extended data structure
+        let r = raw::submit(fd, Queue::Io, &rep, Data::FromDevice(&mut report[..])).ret;
         assert_eq!(r, 0, "raw report returned {r:#x}");
-    }
-
-    #[cfg(test)]
-    mod tests {
-        #[test]
-        fn ioctl_numbers_match_linux() {
-            assert_eq!(super::NVME_IOCTL_ID, 0x4e40);
-            assert_eq!(super::NVME_IOCTL_IO_CMD, 0xc048_4e43);
-        }
     }
 }
 

@@ -3,7 +3,9 @@
 //! submissions hand buffer addresses to the kernel).
 //!
 //! The rest of the crate is `#![deny(unsafe_code)]` and reaches the kernel only through
-//! the safe functions and types here.
+//! the safe functions and types here. Nothing here decides what a result means or when
+//! to try again (the writer's judge, `crate::fence`, does); what stays is what soundness
+//! needs: the ring keeps every buffer alive and in bounds while the kernel may use it.
 
 pub(crate) mod buf;
 pub(crate) mod ring;

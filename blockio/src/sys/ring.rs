@@ -6,19 +6,21 @@
 //! blocking requests borrow the caller's buffer and the call does not return before the
 //! completion is reaped; `Drop` waits for every request still in flight (and leaks the
 //! buffers if it cannot).
+//!
+//! The ring interprets no result: every completion goes to the writer's [`Judge`],
+//! which says whether to submit the rest of the request or how it ended.
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::sync::Arc;
+use std::time::Instant;
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 
-use crate::error::{Error, Op, Result, Step, step};
-use crate::probe::FenceProbe;
+use crate::error::{Error, Op, Result};
+use crate::req::{Completion, Judge, Next, Progress, Req};
 use crate::sys::buf::{AlignedBuf, BufPool};
-use crate::writer::{Completion, Fence, Req};
 
 /// Settings the ring is built with.
 #[derive(Debug, Clone)]
@@ -28,12 +30,6 @@ pub(crate) struct RingConfig {
     pub dsync: bool,
     /// Set up the ring for a single submitting thread with deferred task work.
     pub single_issuer: bool,
-    /// Offset alignment: a short transfer continues only from an aligned point.
-    pub align: usize,
-    /// Classifies writes failing with `EIO` (see `crate::probe`).
-    pub probe: Option<Arc<dyn FenceProbe>>,
-    /// How long a "not fenced" verdict must hold (see `crate::probe`).
-    pub probe_settle: std::time::Duration,
     /// Registered (fixed) buffers to set up: how many, of how many bytes.
     pub registered_buffers: Option<(usize, usize)>,
     /// Alignment of the registered buffers.
@@ -50,12 +46,10 @@ enum SlotBuf {
 
 #[derive(Debug)]
 struct Slot {
-    op: Op,
     tag: u64,
-    offset: u64,
-    len: usize,
-    done: usize,
-    again: u32,
+    /// What was asked (`len` is the buffer's length) and how much is done; only
+    /// `done` (at most `len`) and `again` change after the slot is filled.
+    p: Progress,
     buf: SlotBuf,
     /// A result to report instead of the device's (fault injection); the request is
     /// then submitted as a NOP and never reaches the device.
@@ -81,12 +75,10 @@ pub(crate) struct Ring {
     file: File,
     fixed_file: bool,
     write_flags: i32,
-    align: usize,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
     in_flight: usize,
     cqes: Vec<(u64, i32)>,
-    pub(crate) fence: Fence,
     inject: VecDeque<i32>,
     submitted_total: u64,
     // Declared after `ring`: the registered memory outlives the ring's registration.
@@ -105,7 +97,6 @@ impl std::fmt::Debug for Ring {
             .field("fixed_file", &self.fixed_file)
             .field("queue_depth", &self.slots.len())
             .field("in_flight", &self.in_flight)
-            .field("fence", &self.fence)
             .finish_non_exhaustive()
     }
 }
@@ -197,12 +188,10 @@ impl Ring {
             file,
             fixed_file,
             write_flags: if cfg.dsync { libc::RWF_DSYNC } else { 0 },
-            align: cfg.align.max(1),
             slots: (0..qd).map(|_| None).collect(),
             free: (0..qd).rev().collect(),
             in_flight: 0,
             cqes: Vec::with_capacity(entries as usize * 2),
-            fence: Fence::new(cfg.probe.clone(), cfg.probe_settle),
             inject: VecDeque::new(),
             submitted_total: 0,
             pool,
@@ -238,13 +227,14 @@ impl Ring {
         if s.injected.is_some() {
             return opcode::Nop::new().build().user_data(idx as u64);
         }
-        let ptr = (s.addr() + s.done) as *mut u8;
+        let p = &s.p;
+        let ptr = (s.addr() + p.done) as *mut u8;
         // Lengths are checked against MAX_RW_COUNT (< u32::MAX) before submission.
-        let len = (s.len - s.done) as u32;
-        let off = s.offset + s.done as u64;
+        let len = (p.len - p.done) as u32;
+        let off = p.offset + p.done as u64;
         if let Some(index) = self.fixed_index(s) {
             // `ptr..ptr+len` lies inside registered buffer `index` (the slot owns it).
-            let e = match (s.op, self.fixed_file) {
+            let e = match (p.op, self.fixed_file) {
                 (Op::Write, true) => opcode::WriteFixed::new(types::Fixed(0), ptr, len, index)
                     .offset(off)
                     .rw_flags(self.write_flags)
@@ -266,7 +256,7 @@ impl Ring {
             };
             return e.user_data(idx as u64);
         }
-        let e = match (s.op, self.fixed_file) {
+        let e = match (p.op, self.fixed_file) {
             (Op::Write, true) => opcode::Write::new(types::Fixed(0), ptr, len)
                 .offset(off)
                 .rw_flags(self.write_flags)
@@ -322,7 +312,9 @@ impl Ring {
             .is_some_and(|s| s.injected.is_none() && self.fixed_index(s).is_some());
         loop {
             // SAFETY: the entry points into slot `idx`'s buffer, at most `len - done`
-            // bytes from `addr + done`, inside that buffer. The buffer stays valid until
+            // bytes from `addr + done`, inside that buffer (`len` is the buffer's length,
+            // set when the slot was filled; `done <= len`, which `drain` enforces on what
+            // the judge returns). The buffer stays valid until
             // the entry's completion is reaped: an owned buffer lives in the slot, which
             // is only emptied when its CQE is processed (or leaked by Drop if draining
             // fails); a borrowed buffer belongs to a blocking call that does not return
@@ -361,12 +353,8 @@ impl Ring {
             return Err((Error::QueueFull { queue_depth }, req));
         }
         let slot = Slot {
-            op: req.op,
             tag: req.tag,
-            offset: req.offset,
-            len: req.buf.len(),
-            done: 0,
-            again: 0,
+            p: Progress::new(req.op, req.offset, req.buf.len()),
             buf: SlotBuf::Owned(req.buf),
             injected: None,
             finished: None,
@@ -385,9 +373,9 @@ impl Ring {
             return Err((
                 e,
                 Req {
-                    op: s.op,
+                    op: s.p.op,
                     tag: s.tag,
-                    offset: s.offset,
+                    offset: s.p.offset,
                     buf,
                 },
             ));
@@ -427,11 +415,11 @@ impl Ring {
         }
     }
 
-    /// Processes every available CQE: continues short or interrupted requests, records
-    /// conflicts in the fence, and moves finished owned requests to `ready`.
-    fn drain(&mut self, ready: &mut VecDeque<Completion>) -> Result<usize> {
+    /// Processes every available CQE: hands its result to `judge`, submits the rest of
+    /// the request if it says so, and moves finished owned requests to `ready`.
+    fn drain(&mut self, ready: &mut VecDeque<Completion>, judge: &mut impl Judge) -> Result<usize> {
         // Every completion copied below finished in the kernel before this instant.
-        let observed = std::time::Instant::now();
+        let observed = Instant::now();
         self.cqes.clear();
         self.cqes
             .extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
@@ -447,27 +435,22 @@ impl Ring {
                 continue;
             };
             let res = s.injected.take().unwrap_or(res);
-            let outcome = match step(s.op, s.offset, s.len, s.done, &mut s.again, self.align, res) {
-                Step::Done => Ok(()),
-                Step::Continue { .. } if s.op == Op::Write && self.fence.is_fenced() => {
-                    // The rest of this write would be a new submission after the fence.
-                    Err(Error::ReservationConflict {
-                        offset: s.offset,
-                        len: s.len,
-                    })
-                }
-                Step::Continue { done } => {
-                    s.done = done;
-                    match self.push(idx) {
-                        Ok(()) => continue,
-                        // The rest never reached the ring: finish the request with the
-                        // error, or it would be waited for forever.
-                        Err(e) => Err(e),
-                    }
-                }
-                Step::Fail(e) => Err(e),
+            // The judge works on a copy: the slot keeps the request as submitted and
+            // takes back only the progress, bounded by the request's length (the SQEs
+            // built from it must stay inside the buffer).
+            let mut p = s.p;
+            let next = judge.judge(&mut p, res, observed);
+            s.p.done = p.done.min(s.p.len);
+            s.p.again = p.again;
+            let outcome = match next {
+                Next::Resubmit => match self.push(idx) {
+                    Ok(()) => continue,
+                    // The rest never reached the ring: finish the request with the
+                    // error, or it would be waited for forever.
+                    Err(e) => Err(e),
+                },
+                Next::Finish(outcome) => outcome,
             };
-            let outcome = self.fence.judge(outcome, observed);
             let Some(s) = self.slots[idx].as_mut() else {
                 unreachable!("slot checked above")
             };
@@ -484,9 +467,9 @@ impl Ring {
             };
             ready.push_back(Completion {
                 tag: s.tag,
-                op: s.op,
-                offset: s.offset,
-                len: s.len,
+                op: s.p.op,
+                offset: s.p.offset,
+                len: s.p.len,
                 buf,
                 result: outcome,
             });
@@ -528,8 +511,13 @@ impl Ring {
 
     /// Submits what is queued and waits until at least `min` more requests finished
     /// (or none is in flight); `min == 0` collects what is finished without waiting.
-    pub(crate) fn reap(&mut self, min: usize, ready: &mut VecDeque<Completion>) -> Result<()> {
-        let mut got = self.drain(ready)?;
+    pub(crate) fn reap(
+        &mut self,
+        min: usize,
+        ready: &mut VecDeque<Completion>,
+        judge: &mut impl Judge,
+    ) -> Result<()> {
+        let mut got = self.drain(ready, judge)?;
         if min > 0 && got >= min && self.ring.submission().is_empty() {
             return Ok(());
         }
@@ -539,7 +527,7 @@ impl Ring {
             } else {
                 self.poll()?;
             }
-            got += self.drain(ready)?;
+            got += self.drain(ready, judge)?;
             if got >= min || self.in_flight == 0 {
                 return Ok(());
             }
@@ -555,17 +543,14 @@ impl Ring {
         len: usize,
         offset: u64,
         ready: &mut VecDeque<Completion>,
+        judge: &mut impl Judge,
     ) -> Result<()> {
         while self.free.is_empty() {
-            self.reap(1, ready)?;
+            self.reap(1, ready, judge)?;
         }
         let slot = Slot {
-            op,
             tag: u64::MAX,
-            offset,
-            len,
-            done: 0,
-            again: 0,
+            p: Progress::new(op, offset, len),
             buf: SlotBuf::Borrowed { addr },
             injected: None,
             finished: None,
@@ -578,13 +563,17 @@ impl Ring {
             self.release_slot(idx);
             return Err(e);
         }
+        // The judge runs caller code (a fence probe): if it panics, unwinding must not
+        // leave this call while the kernel may still use the caller's buffer.
+        let unwinding = AbortOnUnwind;
         let mut failures = 0u32;
         loop {
             if let Some(result) = self.slots[idx].as_mut().and_then(|s| s.finished.take()) {
                 self.release_slot(idx);
+                std::mem::forget(unwinding);
                 return result;
             }
-            let waited = self.enter(1).and_then(|_| self.drain(ready));
+            let waited = self.enter(1).and_then(|_| self.drain(ready, judge));
             if let Err(e) = waited {
                 // The kernel may hold a pointer into the caller's buffer: returning now
                 // would let it be freed under a live request.
@@ -607,9 +596,11 @@ impl Ring {
         buf: &[u8],
         offset: u64,
         ready: &mut VecDeque<Completion>,
+        judge: &mut impl Judge,
     ) -> Result<()> {
         // `buf` stays borrowed for the whole call, which waits for the completion.
-        self.run_borrowed(Op::Write, buf.as_ptr() as usize, buf.len(), offset, ready)
+        let addr = buf.as_ptr() as usize;
+        self.run_borrowed(Op::Write, addr, buf.len(), offset, ready, judge)
     }
 
     /// Reads into `buf` from `offset` and waits for the result.
@@ -618,21 +609,21 @@ impl Ring {
         buf: &mut [u8],
         offset: u64,
         ready: &mut VecDeque<Completion>,
+        judge: &mut impl Judge,
     ) -> Result<()> {
         // `buf` stays mutably borrowed for the whole call, which waits for the completion.
-        self.run_borrowed(
-            Op::Read,
-            buf.as_mut_ptr() as usize,
-            buf.len(),
-            offset,
-            ready,
-        )
+        let addr = buf.as_mut_ptr() as usize;
+        self.run_borrowed(Op::Read, addr, buf.len(), offset, ready, judge)
     }
 
     /// Waits for every request in flight; their completions go to `ready`.
-    pub(crate) fn drain_all(&mut self, ready: &mut VecDeque<Completion>) -> Result<()> {
+    pub(crate) fn drain_all(
+        &mut self,
+        ready: &mut VecDeque<Completion>,
+        judge: &mut impl Judge,
+    ) -> Result<()> {
         while self.in_flight > 0 {
-            self.reap(self.in_flight, ready)?;
+            self.reap(self.in_flight, ready, judge)?;
         }
         Ok(())
     }
@@ -644,7 +635,7 @@ impl Drop for Ring {
             return;
         }
         let mut sink = VecDeque::new();
-        if let Err(e) = self.drain_all(&mut sink) {
+        if let Err(e) = self.drain_all(&mut sink, &mut Discard) {
             tracing::error!(error = %e, in_flight = self.in_flight, "io_uring: could not drain on drop; leaking the buffers of requests still in flight");
             for s in self.slots.iter_mut().filter_map(Option::take) {
                 if let SlotBuf::Owned(buf) = s.buf {
@@ -652,5 +643,30 @@ impl Drop for Ring {
                 }
             }
         }
+    }
+}
+
+/// The judge of a ring dropped with requests still in flight (the writer drains its own
+/// first; this is what is left if that failed): nobody will see their outcome, so each
+/// ends at its first completion, after which the kernel no longer uses its buffer.
+struct Discard;
+
+impl Judge for Discard {
+    fn judge(&mut self, _: &mut Progress, _: i32, _: Instant) -> Next {
+        Next::Finish(Err(Error::Closed))
+    }
+}
+
+/// Armed while a blocking call's request may be in the kernel; dropped only by
+/// unwinding, and then aborts: returning would let the caller's buffer be freed under a
+/// live request.
+struct AbortOnUnwind;
+
+impl Drop for AbortOnUnwind {
+    fn drop(&mut self) {
+        eprintln!(
+            "blockio: a panic while a request on a caller's buffer was in flight; aborting to stay memory-safe"
+        );
+        std::process::abort();
     }
 }

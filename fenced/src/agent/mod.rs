@@ -63,6 +63,12 @@ impl AgentConfig {
     }
 }
 
+mod keepalive;
+mod leave;
+
+use keepalive::spawn_keepalive;
+use leave::leave_steps;
+
 const GATE_OPEN: u8 = 0;
 const GATE_QUIESCED: u8 = 1;
 const GATE_FENCED: u8 = 2;
@@ -187,147 +193,6 @@ impl Drop for Agent {
     }
 }
 
-/// Keeps `lease` alive from the moment it is granted (a slow start must not let it
-/// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone.
-///
-/// "When" is the time the renewing request was *sent*: etcd renewed the lease at or
-/// after that instant, so the self-fence margin measured from it never overestimates
-/// what is left. A slow answer (a loaded etcd, a starved guest) is still a renewal: it
-/// is awaited for up to a TTL instead of being dropped as a failure. When the stream
-/// breaks, etcd is asked for the lease's remaining TTL, which dates its last renewal.
-///
-/// When the store takes an etcd endpoint out of rotation (it stopped serving: hung,
-/// stalled, cut off), the stream is reopened at once (opening it renews the lease): the
-/// old stream may sit on that member, and waiting a TTL for its answer let a 2 s lease
-/// expire. Reopening and the TTL question are bounded by TTL/2, as either may wait on a
-/// member that never answers (`tests/hung_member.rs`).
-fn spawn_keepalive(
-    store: EtcdStore,
-    node: NodeId,
-    lease: i64,
-    ttl: Duration,
-) -> (
-    tokio::task::JoinHandle<()>,
-    tokio::sync::watch::Receiver<(Instant, i64)>,
-) {
-    let (tx, rx) = tokio::sync::watch::channel((
-        Instant::now(),
-        i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX),
-    ));
-    let task = tokio::spawn(async move {
-        let mut removals = store.endpoint_removals();
-        let mut stream = store.keep_alive(lease).await.ok();
-        let renew_every = (ttl / 3).max(Duration::from_millis(200));
-        // Reopening a stream (and asking for the lease's TTL) may wait on a member that
-        // stopped answering: bounded, so the next attempt lands elsewhere.
-        let open_within = ttl / 2;
-        let full_ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
-        let mut tick = tokio::time::interval(renew_every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // The newest renewal published: an older one is never published after it.
-        let mut last = Instant::now();
-        let mut broken_since: Option<Instant> = None;
-        let mut publish = |at: Instant, left: i64| {
-            if left <= 0 {
-                tracing::error!(step = "lease_expired", node = %node, "membership lease expired");
-                let _ = tx.send((Instant::now(), 0));
-            } else if at > last {
-                last = at;
-                let _ = tx.send((at, left));
-            }
-        };
-        loop {
-            tick.tick().await;
-            let sent = Instant::now();
-            let renewed = match &mut stream {
-                Some((keeper, msgs)) => match keeper.keep_alive().await {
-                    Ok(()) => tokio::select! {
-                        r = tokio::time::timeout(ttl, msgs.message()) => match r {
-                            Ok(Ok(Some(resp))) => Some(resp.ttl()),
-                            _ => None,
-                        },
-                        Ok(()) = removals.changed() => {
-                            tracing::info!(node = %node, "an etcd endpoint was taken out of rotation: reopening the lease keepalive stream");
-                            let opened = Instant::now();
-                            stream = open_keepalive(&store, lease, open_within).await;
-                            if stream.is_some() {
-                                publish(opened, full_ttl);
-                            } else {
-                                tick.reset_immediately();
-                            }
-                            continue;
-                        }
-                    },
-                    Err(_) => None,
-                },
-                None => None,
-            };
-            match renewed {
-                Some(left) => {
-                    if let Some(since) = broken_since.take() {
-                        tracing::info!(node = %node, after = ?since.elapsed(), "lease keepalive restored");
-                    }
-                    publish(sent, left);
-                    if left > 0 {
-                        // Best effort, and bounded: a put balanced onto a member that
-                        // stopped answering would hold the next renewal for the whole
-                        // request timeout (5 s), past a short lease's expiry.
-                        let _ =
-                            tokio::time::timeout(renew_every, store.put_liveness(&node, unix_ms()))
-                                .await;
-                    }
-                }
-                None => {
-                    if broken_since.is_none() {
-                        broken_since = Some(sent);
-                        tracing::warn!(node = %node, "lease keepalive got no answer: reopening the stream");
-                    }
-                    // The stream broke or stalled (etcd unreachable or slow): reopen it,
-                    // and ask etcd directly how long the lease has left (etcd-client
-                    // reports an expired lease on the stream only as a string).
-                    let opened = Instant::now();
-                    stream = open_keepalive(&store, lease, open_within).await;
-                    if stream.is_some() {
-                        publish(opened, full_ttl);
-                    }
-                    let asked = Instant::now();
-                    if let Ok(Ok(left)) =
-                        tokio::time::timeout(open_within, store.lease_ttl(lease)).await
-                    {
-                        // `left` whole seconds remained when etcd answered (at or after
-                        // `asked`): the lease was renewed no earlier than
-                        // asked - (ttl - left) - 1 s.
-                        let age = ttl
-                            .saturating_sub(Duration::from_secs(left.max(0).unsigned_abs()))
-                            + Duration::from_secs(1);
-                        if let Some(at) = asked.checked_sub(age) {
-                            publish(at, left);
-                        } else if left <= 0 {
-                            publish(asked, left);
-                        }
-                    }
-                }
-            }
-        }
-    });
-    (task, rx)
-}
-
-/// Opens a lease keepalive stream. etcd-client sends a first renewal and waits for its
-/// answer, which a member that stopped answering never gives (and a follower whose
-/// leader hangs forwards it there): bounded by `within`. `Some`: the lease was renewed
-/// at or after the call.
-async fn open_keepalive(
-    store: &EtcdStore,
-    lease: i64,
-    within: Duration,
-) -> Option<(etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream)> {
-    tokio::time::timeout(within, store.keep_alive(lease))
-        .await
-        .ok()
-        .and_then(Result::ok)
-}
-
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
@@ -337,12 +202,6 @@ impl std::fmt::Debug for Agent {
             .field("arenas", &self.arenas)
             .finish_non_exhaustive()
     }
-}
-
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn dev<T>(step: &'static str, r: nvme_resv::Result<T>) -> Result<T, AgentError> {
@@ -687,9 +546,9 @@ impl Agent {
                 tracing::warn!(step = "depart", node = %node, "departed after self-fencing: marker written, membership deleted");
                 AgentExit::SelfFenced { reason }
             }
-            (Err(why), None) => self.leave_incomplete(why),
+            (Err(why), None) => self.leave_incomplete(why.to_string()),
             (Err(why), Some(reason)) => {
-                let _ = self.leave_incomplete(why);
+                let _ = self.leave_incomplete(why.to_string());
                 AgentExit::SelfFenced { reason }
             }
         }
@@ -699,97 +558,5 @@ impl Agent {
         self.gate.fence();
         tracing::error!(step = "depart", node = %self.cfg.node, reason = %reason, "leave incomplete: no departure marker, peers will fence this node");
         AgentExit::LeaveIncomplete { reason }
-    }
-}
-
-/// Runs `op` until it succeeds, fails for a reason other than an unreachable etcd, or
-/// `deadline` passes. `Err` is the reason the leave is incomplete.
-async fn retry_unreachable<T, F, Fut>(
-    node: &NodeId,
-    what: &'static str,
-    deadline: Instant,
-    mut op: F,
-) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<T, StoreError>>,
-{
-    let mut attempts = 0u32;
-    loop {
-        attempts += 1;
-        match op().await {
-            Ok(v) => return Ok(v),
-            Err(e) if e.is_retryable() && Instant::now() < deadline => {
-                if attempts == 1 {
-                    tracing::warn!(step = "depart", node = %node, error = %e, "{what}: etcd unreachable while leaving, retrying");
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-            }
-            Err(e) => return Err(format!("{what} failed after {attempts} attempt(s): {e}")),
-        }
-    }
-}
-
-/// The etcd and device steps of leaving, after quiescence: return our arenas,
-/// unregister our key, write the departure marker. `Err`: why the leave is incomplete.
-async fn leave_steps(
-    store: EtcdStore,
-    node: NodeId,
-    instance: String,
-    membership_rev: i64,
-    device: Option<(Device, Key)>,
-    deadline: Instant,
-) -> Result<(), String> {
-    let owned = retry_unreachable(&node, "reading our arenas", deadline, || {
-        store.owned_arenas(&node)
-    })
-    .await?;
-    for arena in &owned {
-        let returned = retry_unreachable(&node, "returning an arena", deadline, || {
-            store.release_arena(&node, membership_rev, arena)
-        })
-        .await?;
-        if !returned {
-            return Err(format!("arena {arena} is not ours any more"));
-        }
-        tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned");
-    }
-    if let Some((device, key)) = device {
-        let r = blocking(move || {
-            device.register(&Register {
-                rrega: RegisterAction::Unregister,
-                crkey: key,
-                nrkey: Key(0),
-                iekey: false,
-                cptpl: Cptpl::NoChange,
-            })
-        })
-        .await;
-        if let Err(e) = r {
-            tracing::warn!(node = %node, error = %e, "unregistering our key failed");
-        }
-    }
-    // A retried departure whose earlier attempt timed out may have been applied by
-    // etcd: then the retry is refused although we departed. Say so rather than guess.
-    let lost_answer = std::sync::atomic::AtomicBool::new(false);
-    let departed = retry_unreachable(&node, "departure transaction", deadline, || {
-        let attempt = store.depart(&node, &instance, membership_rev);
-        let lost = &lost_answer;
-        async move {
-            let r = attempt.await;
-            if r.as_ref().is_err_and(StoreError::is_retryable) {
-                lost.store(true, Ordering::SeqCst);
-            }
-            r
-        }
-    })
-    .await?;
-    match (departed, lost_answer.load(Ordering::SeqCst)) {
-        (true, _) => Ok(()),
-        (false, false) => Err("membership no longer live: departure refused".into()),
-        (false, true) => Err(
-            "membership no longer live: departure refused (an earlier attempt's answer was lost, so it may have been applied)"
-                .into(),
-        ),
     }
 }

@@ -1,0 +1,402 @@
+//! [`MemStore`]: the fence path's store as plain maps behind a mutex, with the guards
+//! of the etcd transactions and injectable errors. Logic only: it has no leases, no
+//! revisions beyond a counter and no concurrency story beyond the mutex. It exists so
+//! the controller's decisions (claim lost, departure refused then re-claimed, an
+//! unconfirmed fence stays owed) have unit tests; whether the protocol holds on etcd
+//! is what `tests/` shows.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SweepSnapshot, Victim};
+use crate::node::NodeId;
+use crate::store::{ClaimGuard, StoreError};
+
+use super::{FenceStore, LeaveStore};
+
+/// The key space of the fence path, one map per key prefix. Revisions are one
+/// counter, bumped by every write, like etcd's.
+#[derive(Debug, Default, Clone)]
+pub struct MemState {
+    /// Store revision (last write).
+    pub revision: i64,
+    /// `membership/<node>`: instance id.
+    pub members: BTreeMap<NodeId, String>,
+    /// `create_revision` of `membership/<node>`.
+    pub membership_revs: BTreeMap<NodeId, i64>,
+    /// `instance/<node>`: instance id of the last join.
+    pub instances: BTreeMap<NodeId, String>,
+    /// `gen/<node>`: generation and mod revision.
+    pub generations: BTreeMap<NodeId, (u64, i64)>,
+    /// `fence_pending/<node>`: instance id and mod revision.
+    pub pending: BTreeMap<NodeId, (String, i64)>,
+    /// `fence_done/<node>`: mod revision.
+    pub done: BTreeMap<NodeId, i64>,
+    /// `departed/<node>`: instance id and mod revision.
+    pub departed: BTreeMap<NodeId, (String, i64)>,
+    /// `fence_claim/<node>`: controller id and create revision.
+    pub claims: BTreeMap<NodeId, (String, i64)>,
+    /// `arena_node/<node>/<arena>`.
+    pub owned: BTreeMap<NodeId, BTreeSet<String>>,
+    /// `arena_free/<arena>`.
+    pub free: BTreeSet<String>,
+    /// `audit/…` records, in write order: (node, generation, failed, JSON).
+    pub audit: Vec<(NodeId, u64, bool, String)>,
+}
+
+impl MemState {
+    fn write(&mut self) -> i64 {
+        self.revision += 1;
+        self.revision
+    }
+}
+
+/// The in-memory [`FenceStore`]. Clones share the state.
+#[derive(Debug, Clone)]
+pub struct MemStore {
+    state: Arc<Mutex<MemState>>,
+    faults: Arc<Mutex<BTreeMap<&'static str, u32>>>,
+    claim_ttl: Duration,
+}
+
+impl Default for MemStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// An unreachable etcd, as the etcd store reports it (retryable).
+fn unavailable(op: &'static str) -> StoreError {
+    StoreError::Unavailable {
+        op,
+        source: etcd_client::Error::GRpcStatus(tonic::Status::unavailable(
+            "in-memory store: injected error",
+        )),
+    }
+}
+
+impl MemStore {
+    /// An empty store with a 3 s claim TTL.
+    pub fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            faults: Arc::default(),
+            claim_ttl: Duration::from_secs(3),
+        }
+    }
+
+    /// The state, to set up a test or read it back.
+    pub fn state(&self) -> MutexGuard<'_, MemState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The next `times` calls of `op` (`claim`, `finish`, `abort`, `drop_stale`,
+    /// `sweep_snapshot`, `owned_arenas`, `release_arena`, `depart`) fail as if etcd were unreachable, writing nothing.
+    pub fn fail_next(&self, op: &'static str, times: u32) {
+        self.faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(op, times);
+    }
+
+    fn fault(&self, op: &'static str) -> Result<(), StoreError> {
+        let mut f = self
+            .faults
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match f.get_mut(op) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                Err(unavailable(op))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// `node` joins with `instance` (membership, instance record, generation key);
+    /// returns the membership's create revision.
+    pub fn join(&self, node: &NodeId, instance: &str) -> i64 {
+        let mut s = self.state();
+        let rev = s.write();
+        s.members.insert(node.clone(), instance.to_owned());
+        s.membership_revs.insert(node.clone(), rev);
+        s.instances.insert(node.clone(), instance.to_owned());
+        s.generations.entry(node.clone()).or_insert((0, rev));
+        rev
+    }
+
+    /// `node`'s membership lease expired; returns the revision of the DELETE.
+    pub fn expire(&self, node: &NodeId) -> i64 {
+        let mut s = self.state();
+        let rev = s.write();
+        s.members.remove(node);
+        rev
+    }
+
+    /// `node` left cleanly: departure marker written, membership deleted; returns the
+    /// revision of the DELETE.
+    pub fn mark_departed(&self, node: &NodeId) -> i64 {
+        let mut s = self.state();
+        let rev = s.write();
+        if let Some(instance) = s.members.remove(node) {
+            s.departed.insert(node.clone(), (instance, rev));
+        }
+        rev
+    }
+
+    /// `node` owns `arena` (taken from whoever owned it).
+    pub fn give_arena(&self, node: &NodeId, arena: &str) {
+        let mut s = self.state();
+        s.write();
+        for owned in s.owned.values_mut() {
+            owned.remove(arena);
+        }
+        s.free.remove(arena);
+        s.owned
+            .entry(node.clone())
+            .or_default()
+            .insert(arena.to_owned());
+    }
+
+    /// `node`'s generation (0 when never written).
+    pub fn generation(&self, node: &NodeId) -> u64 {
+        self.state().generations.get(node).map_or(0, |g| g.0)
+    }
+
+    /// Whether a fence of `node` is owed (its intent is recorded).
+    pub fn owed(&self, node: &NodeId) -> bool {
+        self.state().pending.contains_key(node)
+    }
+
+    /// Whether a fence claim on `node` is held.
+    pub fn claimed(&self, node: &NodeId) -> bool {
+        self.state().claims.contains_key(node)
+    }
+
+    /// The claim on `node` expires with its lease.
+    pub fn expire_claim(&self, node: &NodeId) {
+        let mut s = self.state();
+        s.write();
+        s.claims.remove(node);
+    }
+
+    /// Another controller `by` holds the claim on `node`.
+    pub fn hold_claim(&self, node: &NodeId, by: &str) {
+        let mut s = self.state();
+        let rev = s.write();
+        s.claims.insert(node.clone(), (by.to_owned(), rev));
+    }
+}
+
+impl FenceStore for MemStore {
+    fn claim_ttl(&self) -> Duration {
+        self.claim_ttl
+    }
+
+    async fn prepare_claim_lease(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    async fn claim(
+        &self,
+        victim: &Victim,
+        controller: &str,
+        guard: ClaimGuard,
+    ) -> Result<ClaimOutcome, StoreError> {
+        self.fault("claim")?;
+        let n = &victim.node;
+        let mut s = self.state();
+        let rev_of = |m: Option<i64>| m.unwrap_or(0);
+        let done_rev = rev_of(s.done.get(n).copied());
+        let fenced_since = |deleted_rev: i64| done_rev >= deleted_rev && done_rev > 0;
+        let guard_holds = !s.claims.contains_key(n)
+            && !s.members.contains_key(n)
+            && match guard {
+                ClaimGuard::Watch { deleted_rev } => {
+                    !s.departed.contains_key(n) && !fenced_since(deleted_rev)
+                }
+                ClaimGuard::IgnoreDeparture { deleted_rev } => !fenced_since(deleted_rev),
+                ClaimGuard::Sweep(g) => {
+                    rev_of(s.pending.get(n).map(|p| p.1)) == g.pending_rev
+                        && done_rev == g.done_rev
+                        && rev_of(s.departed.get(n).map(|d| d.1)) == g.departed_rev
+                }
+            };
+        let arenas: Vec<String> = s
+            .owned
+            .get(n)
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default();
+        if guard_holds {
+            let rev = s.write();
+            s.pending.insert(n.clone(), (victim.instance.clone(), rev));
+            s.claims.insert(n.clone(), (controller.to_owned(), rev));
+            let (generation, generation_rev) = s.generations.get(n).copied().unwrap_or((0, 0));
+            return Ok(ClaimOutcome::Won {
+                generation,
+                generation_rev,
+                claim_rev: rev,
+                arenas,
+            });
+        }
+        if let Some((by, _)) = s.claims.get(n) {
+            return Ok(ClaimOutcome::Held { by: by.clone() });
+        }
+        if s.members.contains_key(n) {
+            return Ok(ClaimOutcome::Refused(Refusal::Member));
+        }
+        Ok(ClaimOutcome::Refused(match guard {
+            ClaimGuard::Sweep(_) => Refusal::SnapshotAged,
+            ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
+                if fenced_since(deleted_rev) =>
+            {
+                Refusal::AlreadyFenced
+            }
+            _ if s.departed.contains_key(n) => Refusal::Departed {
+                arenas: Some(arenas.len()),
+            },
+            _ => Refusal::SnapshotAged,
+        }))
+    }
+
+    async fn finish(
+        &self,
+        node: &NodeId,
+        from: u64,
+        generation_rev: i64,
+        claim_rev: i64,
+        release: Option<&[String]>,
+        audit_json: String,
+    ) -> Result<BumpOutcome, StoreError> {
+        self.fault("finish")?;
+        let mut s = self.state();
+        let (now, gen_rev) = s.generations.get(node).copied().unwrap_or((0, 0));
+        let claim_ok = s.claims.get(node).is_some_and(|c| c.1 == claim_rev);
+        if gen_rev != generation_rev || !claim_ok {
+            return Ok(if claim_ok {
+                BumpOutcome::GenerationMoved { now }
+            } else {
+                BumpOutcome::ClaimLost
+            });
+        }
+        let rev = s.write();
+        let to = from + 1;
+        s.generations.insert(node.clone(), (to, rev));
+        s.done.insert(node.clone(), rev);
+        s.pending.remove(node);
+        for arena in release.unwrap_or_default() {
+            if let Some(owned) = s.owned.get_mut(node) {
+                owned.remove(arena);
+            }
+            s.free.insert(arena.clone());
+        }
+        s.audit.push((node.clone(), to, false, audit_json));
+        s.claims.remove(node);
+        Ok(BumpOutcome::Bumped)
+    }
+
+    async fn abort(
+        &self,
+        node: &NodeId,
+        claim_rev: i64,
+        generation: u64,
+        _unix_ms: u64,
+        audit_json: String,
+    ) -> Result<(), StoreError> {
+        self.fault("abort")?;
+        let mut s = self.state();
+        s.write();
+        if s.claims.get(node).is_some_and(|c| c.1 == claim_rev) {
+            s.claims.remove(node);
+        }
+        s.audit.push((node.clone(), generation, true, audit_json));
+        Ok(())
+    }
+
+    async fn drop_stale(&self, node: &NodeId) -> Result<bool, StoreError> {
+        self.fault("drop_stale")?;
+        let mut s = self.state();
+        if !s.members.contains_key(node) {
+            return Ok(false);
+        }
+        s.write();
+        s.pending.remove(node);
+        s.done.remove(node);
+        Ok(true)
+    }
+
+    async fn sweep_snapshot(&self) -> Result<(SweepSnapshot, i64), StoreError> {
+        self.fault("sweep_snapshot")?;
+        let s = self.state();
+        let snap = SweepSnapshot {
+            generations: s.generations.clone(),
+            pending: s.pending.clone(),
+            done: s.done.clone(),
+            members: s.members.clone(),
+            departed: s.departed.clone(),
+            arenas: s
+                .owned
+                .iter()
+                .filter(|(_, a)| !a.is_empty())
+                .map(|(n, a)| (n.clone(), a.len()))
+                .collect(),
+            claims: s.claims.keys().cloned().collect(),
+            instances: s.instances.clone(),
+        };
+        Ok((snap, s.revision))
+    }
+}
+
+impl LeaveStore for MemStore {
+    async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>, StoreError> {
+        self.fault("owned_arenas")?;
+        Ok(self
+            .state()
+            .owned
+            .get(node)
+            .map(|a| a.iter().cloned().collect())
+            .unwrap_or_default())
+    }
+
+    async fn release_arena(
+        &self,
+        node: &NodeId,
+        membership_rev: i64,
+        arena: &str,
+    ) -> Result<bool, StoreError> {
+        self.fault("release_arena")?;
+        let mut s = self.state();
+        let ours = s.membership_revs.get(node) == Some(&membership_rev)
+            && s.members.contains_key(node)
+            && s.owned.get(node).is_some_and(|a| a.contains(arena));
+        if ours {
+            s.write();
+            if let Some(owned) = s.owned.get_mut(node) {
+                owned.remove(arena);
+            }
+            s.free.insert(arena.to_owned());
+        }
+        Ok(ours)
+    }
+
+    async fn depart(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        membership_rev: i64,
+    ) -> Result<bool, StoreError> {
+        self.fault("depart")?;
+        let mut s = self.state();
+        let live =
+            s.members.contains_key(node) && s.membership_revs.get(node) == Some(&membership_rev);
+        if live {
+            let rev = s.write();
+            s.members.remove(node);
+            s.departed.insert(node.clone(), (instance.to_owned(), rev));
+        }
+        Ok(live)
+    }
+}
