@@ -1,7 +1,7 @@
 //! `nvme-resv`'s part of the standing bad-input suite (`fenced/tests/bad_input.rs` has
 //! `fenced`'s): every verb with each path that is not an NVMe namespace (a regular
-//! file, a FIFO, a directory, `/dev/zero`, a missing path) and with malformed keys and
-//! codes.
+//! file, a FIFO, a directory, `/dev/zero`, a missing path) and with malformed keys,
+//! codes and node ids (the node-id rule `fenced` uses).
 //!
 //! For each: exit status 1 (2 for a usage error, clap's message), no panic, an answer
 //! within [`LIMIT`], and the file standing in for the device unchanged. An error is
@@ -174,6 +174,12 @@ fn malformed_keys_and_codes_are_usage_errors() {
             "'3'",
         ),
         (&["report"], "DEVICE"),
+        (&["key-for-node", "a/b"], "invalid node id \"a/b\""),
+        (&["key-for-node", ""], "invalid node id: empty"),
+        (
+            &["key-for-node", "n1\nforged"],
+            "invalid node id \"n1\\nforged\"",
+        ),
         (&["register", "/dev/zero", "--cptpl", "1"], "'1'"),
     ] {
         assert_usage(&format!("{args:?}"), &run(args, dir.path()), want);
