@@ -119,7 +119,27 @@ pub async fn connect(
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
     for attempt in 1.. {
-        match EtcdStore::connect_with(&etcd.endpoints, &etcd.root, claim_ttl, opts).await {
+        let attempt_fut = EtcdStore::connect_with(&etcd.endpoints, &etcd.root, claim_ttl, opts);
+        // A member that accepts TCP and never answers would hold one attempt for the
+        // client's own timeouts: bound it by what is left of the wait.
+        let result = match give_up {
+            Some(g) => {
+                let left = g
+                    .saturating_sub(t0.elapsed())
+                    .max(Duration::from_millis(200));
+                match tokio::time::timeout(left, attempt_fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Unavailable {
+                        op: "connect",
+                        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                            format!("no answer within {:.1}s", left.as_secs_f32()),
+                        )),
+                    }),
+                }
+            }
+            None => attempt_fut.await,
+        };
+        match result {
             Ok(s) => {
                 if attempt > 1 {
                     tracing::info!(step = "connect", endpoints = %eps, attempt, waited_s = t0.elapsed().as_secs(), "etcd at {eps} answers; starting");
