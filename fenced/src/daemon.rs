@@ -293,9 +293,6 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     if let Some(w) = &s.watchdog_device {
         check_watchdog(w)?;
     }
-    let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
-    let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
-    let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
     let pid_file = match &s.pid_file {
         Some(p) => Some(PidFile::create(p, s.control_socket.as_deref())?),
         None => None,
@@ -316,7 +313,19 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     if let Some(t) = s.etcd_keepalive_timeout {
         store_opts.keepalive_timeout = t;
     }
-    let store = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout).await?;
+    // Waiting for etcd can take as long as etcd is away: a `fenced leave` meanwhile
+    // ends the wait (nothing was joined, nothing is left behind). SIGTERM still has its
+    // default action until the agent has joined.
+    let store = tokio::select! {
+        r = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout) => r?,
+        Some(()) = leave_rx.recv() => {
+            tracing::info!(step = "leave", "leave requested before joining: exiting");
+            if let Some(c) = &control {
+                c.answer(&Outcome::Left).await;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
     let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
         (FencerKind::Nvme, Some(d)) => {
             Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
@@ -345,6 +354,9 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     ccfg.own_node = Some(node.clone());
     let controller = Controller::new(store, fencer, ccfg).spawn();
     tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
+    let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
+    let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
     let leave = async {
         tokio::select! {
             _ = term.recv() => tracing::info!(step = "leave", "SIGTERM: leaving"),

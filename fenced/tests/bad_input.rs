@@ -1148,3 +1148,33 @@ fn a_crafted_instance_id_in_etcd_cannot_forge_a_log_line() {
     );
     assert!(!text.contains('\r') && !text.contains('\u{1b}'), "{text}");
 }
+
+/// A daemon waiting for an etcd that does not answer can be asked to leave: the
+/// wait ends, the daemon exits 0 and removes its pid file and socket.
+#[test]
+fn leave_while_waiting_for_etcd_ends_the_wait() {
+    let fx = Fixture::new();
+    let pid_file = fx.path("w.pid");
+    let sock = fx.path("w.sock");
+    let log = fx.path("w.log");
+    let mut d = Daemon(
+        fenced()
+            .args(["run", "--fencer", "none", "--node-id", "w1"])
+            .args(["--etcd-endpoints", &fx.hung, "--pid-file"])
+            .arg(&pid_file)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the control socket", || sock.exists());
+    let mut c = fenced();
+    c.args(["leave", "--timeout-secs", "10", "--pid-file"])
+        .arg(&pid_file);
+    let r = run(c, fx.dir.path());
+    assert!(r.status.success(), "{r:?}");
+    assert!(d.0.wait().unwrap().success());
+    assert!(!pid_file.exists() && !sock.exists());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("leave requested before joining"), "{text}");
+}
