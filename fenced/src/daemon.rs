@@ -194,7 +194,9 @@ fn open_message(path: &Path, source: &nvme_resv::Error) -> String {
     }
 }
 
-fn open_device(path: &Path) -> Result<Device, DaemonError> {
+/// Opens the shared namespace and checks that it supports reservations (also used by
+/// `fenced attest --block-device`).
+pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
     let ns = nvme_resv::Namespace::open(path).map_err(|source| DaemonError::OpenDevice {
         path: path.to_owned(),
         source,

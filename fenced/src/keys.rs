@@ -11,7 +11,7 @@
 //! <root>/arena_node/<node>/<arena>    index: arenas a node owns (one range read)
 //! <root>/arena_free/<arena>           free pool
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
-//! <root>/liveness/<node>              Unix ms of the agent's last lease renewal
+//! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
 //! ```
 
 use crate::node::NodeId;
@@ -76,7 +76,8 @@ impl Keys {
     );
 
     node_key!(
-        /// `liveness/<node>`: Unix milliseconds of the agent's last lease renewal.
+        /// `liveness/<node>`: the lease the agent renews, its TTL and self-fence margin
+        /// (`core::attest::LivenessRecord`, JSON), rewritten at each renewal.
         liveness, liveness_prefix, "liveness"
     );
 

@@ -43,8 +43,12 @@ enum Cmd {
     /// exit status 10 when anything was refused.
     Probe(ops::probe::ProbeArgs),
     /// Operator-attested fence: you confirmed out of band that NODE is gone (powered
-    /// off, detached); supply the second confirmation. Refused while NODE is a member
-    /// or renewed its liveness within --fresh-secs.
+    /// off, detached); supply the second confirmation. Refused for a node that never
+    /// joined, while NODE is a member or being fenced, and (unless --force) while its
+    /// liveness is unknown or etcd still holds the lease its agent renews. With
+    /// --block-device, NODE's key is preempted and verified gone first. A node already
+    /// fenced since its last membership is reported ("already fenced at generation
+    /// G", exit 0) and not bumped again.
     Attest(ops::attest::AttestArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart)
     /// over its control socket; no process is signalled.

@@ -26,7 +26,7 @@ pub enum ClaimGuard {
     /// owns arenas): membership absent, the marker ignored, same fence-mark guard.
     IgnoreDeparture {
         /// Revision of the membership DELETE this attempt acts on (`i64::MAX`: no
-        /// DELETE to anchor to, e.g. an operator's attestation).
+        /// DELETE to anchor to).
         deleted_rev: i64,
     },
     /// Sweep path: membership absent and the snapshot unchanged (`recheck_intent`).

@@ -12,7 +12,8 @@
 //! etcd-client errors; `health` the endpoint probe and rotation; `fence` the
 //! controller's transactions (claim, finish, abort); `membership` the agent's (join,
 //! depart, leases, liveness, watch); `arenas` the arena pool; `view` the one read of
-//! the key space behind the sweep and `fenced status`.
+//! the key space behind the sweep and `fenced status`; `operator` the reads of the
+//! operator commands (`fenced attest`'s view of one node).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +32,7 @@ mod error;
 mod fence;
 mod health;
 mod membership;
+mod operator;
 mod view;
 
 pub use error::StoreError;
