@@ -317,7 +317,10 @@ impl ControlSocket {
             source,
         };
         let listener = UnixListener::bind(path).map_err(bind_err)?;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(bind_err)?;
+        if let Err(e) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)) {
+            let _ = std::fs::remove_file(path);
+            return Err(bind_err(e));
+        }
         let waiters = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn(serve(listener, leave, waiters.clone()));
         Ok(Self {
