@@ -35,8 +35,16 @@ struct Cli {
 enum Cmd {
     /// Run the node agent and the controller.
     Run(Box<RunArgs>),
-    /// Show members, generations, owed fences, claims and arenas.
+    /// One row per node: member, lease renewal, generation, owed fence and why, claim
+    /// holder, last fence and by whom, arenas; records that do not decode.
     Status(ops::status::StatusArgs),
+    /// The fence records, failed attempts included: who fenced whom, trigger, signals,
+    /// fencer evidence, step durations, generation before and after.
+    Audit(ops::audit::AuditArgs),
+    /// Monitoring-plugin check, one summary line: exit 0 OK, 1 WARNING, 2 CRITICAL,
+    /// 3 UNKNOWN (owed fences older than a threshold, members missing, etcd endpoints
+    /// out of rotation, malformed records).
+    Check(ops::check::CheckArgs),
     /// From this host: read one block of the shared device and write the same bytes
     /// back with O_DIRECT (blockio), so the data is unchanged, and, optionally, one
     /// metadata transaction guarded by a node's generation. Prints one line per probe;
@@ -92,6 +100,8 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
             daemon::run(settings).await?
         }
         Cmd::Status(args) => ops::status::status(args).await?,
+        Cmd::Audit(args) => ops::audit::audit(args).await?,
+        Cmd::Check(args) => ops::check::check(args).await?,
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,

@@ -1,4 +1,5 @@
-//! The standing bad-input suite: every `fenced` subcommand, as a child process against
+//! The standing bad-input suite: every `fenced` subcommand (`run`, `status`, `audit`,
+//! `check`, `attest`, `probe`, `leave`), as a child process against
 //! a real etcd, with each class of careless or hostile input (malformed ids and keys,
 //! paths that are not devices, unusable config files, bad URLs, unreachable and hung
 //! etcd, settings that cannot work, hostile pid files and control sockets, values in
@@ -9,7 +10,8 @@
 //! before it: those are log events, not error lines); no panic; an answer within
 //! [`LIMIT`]; and, checked, nothing written to etcd (its revision did not move) and
 //! the "device" file unchanged. Usage errors (a flag value of the wrong type) are
-//! clap's: exit status 2 and a message starting `error: `.
+//! clap's: exit status 2 and a message starting `error: `. `fenced check`, a
+//! monitoring plugin, says `FENCED UNKNOWN - <the same line>` on stdout, exit status 3.
 //!
 //! `nvme-resv`'s part is `nvme-resv/tests/bad_input.rs`.
 
@@ -109,6 +111,27 @@ fn assert_refused(case: &str, r: &Ran, want: &str) {
             p.len() < 8 || !parts[i + 1..].contains(p),
             "{p:?} repeated: {ctx}"
         );
+    }
+}
+
+/// `fenced check` is a monitoring plugin: it says UNKNOWN (exit status 3) in one line
+/// on stdout, nothing on stderr.
+fn assert_plugin_unknown(case: &str, r: &Ran, want: &str) {
+    let ctx = format!("case {case}: {r:?}");
+    assert_eq!(r.status.code(), Some(3), "{ctx}");
+    assert_eq!(r.stdout.lines().count(), 1, "{ctx}");
+    assert!(r.stdout.starts_with("FENCED UNKNOWN - "), "{ctx}");
+    assert!(r.stdout.contains(want), "want {want:?}: {ctx}");
+    assert!(r.stderr.is_empty(), "{ctx}");
+    assert!(r.took < LIMIT, "{ctx}");
+}
+
+/// The contract of the subcommand `args[0]`.
+fn assert_case(case: &str, args: &[OsString], r: &Ran, want: &str) {
+    if args.first().is_some_and(|a| a == "check") {
+        assert_plugin_unknown(case, r, want);
+    } else {
+        assert_refused(case, r, want);
     }
 }
 
@@ -221,7 +244,7 @@ fn check_cases(fx: &Fixture, etcd: &Etcd, cases: Vec<(String, Vec<OsString>, Str
         let mut c = fenced();
         c.args(&args);
         let r = run(c, fx.dir.path());
-        assert_refused(&name, &r, &want);
+        assert_case(&name, &args, &r, &want);
         fx.assert_device_unchanged(&name);
         assert_eq!(
             revision(&etcd.endpoint()),
@@ -519,6 +542,8 @@ fn config_files_that_are_not_small_regular_toml_files_are_refused_fast() {
                 "a1",
             ],
             vec!["status"],
+            vec!["audit"],
+            vec!["check"],
             vec!["attest", "--node-id", "n1", "--reason", "powered off"],
             vec!["probe", "--node-id", "n1", "--generation", "0"],
         ] {
@@ -584,7 +609,7 @@ fn bad_urls_and_unreachable_or_hung_etcd_get_one_line_in_bounded_time() {
     let fx = Fixture::new();
     let etcd = Etcd::start();
     let mut cases = Vec::new();
-    let commands: [&[&str]; 4] = [
+    let commands: [&[&str]; 6] = [
         &[
             "run",
             "--node-id",
@@ -597,6 +622,8 @@ fn bad_urls_and_unreachable_or_hung_etcd_get_one_line_in_bounded_time() {
             "3",
         ],
         &["status"],
+        &["audit"],
+        &["check"],
         &["attest", "--node-id", "n1", "--reason", "powered off"],
         &["probe", "--node-id", "n1", "--generation", "0"],
     ];
@@ -634,7 +661,7 @@ fn bad_urls_and_unreachable_or_hung_etcd_get_one_line_in_bounded_time() {
                 let mut c = fenced();
                 c.args(args);
                 let r = run(c, fx.dir.path());
-                assert_refused(name, &r, want);
+                assert_case(name, args, &r, want);
                 // The operator commands wait 5 s, `run` here 3 s: a hung member
                 // cannot stretch one attempt beyond the wait.
                 assert!(r.took < Duration::from_secs(9), "{name}: {r:?}");
