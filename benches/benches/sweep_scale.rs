@@ -218,9 +218,9 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     );
 }
 
-/// The sweep's read as `EtcdStore::sweep_snapshot` issues it (`key_space` in
-/// `fenced/src/store/view.rs`): one transaction of ten prefix ranges and an audit
-/// count, with the same options, in the same order.
+/// The sweep's read as `EtcdStore::sweep_snapshot` issues it (`key_space` with
+/// `Scope::Sweep` in `fenced/src/store/view.rs`): one transaction of ten prefix ranges
+/// and an audit count, with the same options, in the same order.
 ///
 /// A copy rather than the store's own, because the breakdown needs what the store
 /// keeps private: the transaction before it is sent (to time etcd-client alone) and
@@ -239,7 +239,7 @@ fn sweep_txn(keys: &Keys) -> Txn {
         TxnOp::get(keys.arena_node_all_prefix(), keys_only()),
         TxnOp::get(keys.claim_prefix(), all()),
         TxnOp::get(keys.instance_prefix(), all()),
-        TxnOp::get(keys.arena_owner(""), all()),
+        TxnOp::get(keys.arena_owner_prefix(), all()),
         TxnOp::get(keys.arena_free_prefix(), keys_only()),
         TxnOp::get(
             keys.audit_prefix(),

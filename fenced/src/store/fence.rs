@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
-use super::{EtcdStore, Result, absent, count, kvs, parse_u64, prefix_keys_only, revision, text};
+use super::{
+    EtcdStore, Result, absent, count, id_text, kvs, parse_u64, prefix_keys_only, revision,
+};
 use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SnapshotGuard, Victim};
 use crate::keys::Keys;
 use crate::node::NodeId;
@@ -371,7 +373,7 @@ fn claim_txn(k: &Keys, victim: &Victim, controller: &str, lease: i64, guard: Cla
 /// `guard` and why.
 fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimOutcome {
     if let Some(kv) = kvs(&ops[0]).first() {
-        return ClaimOutcome::Held { by: text(kv) };
+        return ClaimOutcome::Held { by: id_text(kv) };
     }
     if !kvs(&ops[1]).is_empty() {
         return ClaimOutcome::Refused(Refusal::Member);

@@ -37,8 +37,12 @@ mod view;
 
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
+pub use health::probe_endpoints;
 pub use membership::Joined;
-pub use view::Status;
+pub use view::{
+    AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
+    decode_audit, decode_liveness, json_text,
+};
 
 use health::EndpointHealth;
 
@@ -74,6 +78,9 @@ pub struct EtcdStore {
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
     /// Counts endpoints taken out of rotation ([`EtcdStore::endpoint_removals`]).
     removals: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Malformed records the sweep has logged (escaped key -> mod revision), so each
+    /// is logged once ([`view`]).
+    malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -101,20 +108,23 @@ fn count(resp: &TxnOpResponse) -> usize {
     }
 }
 
+/// A decimal value (generation, liveness stamp) read back from etcd.
 fn parse_u64(kv: &KeyValue) -> Result<u64> {
-    let key = String::from_utf8_lossy(kv.key()).into_owned();
-    let s = std::str::from_utf8(kv.value()).map_err(|e| StoreError::Malformed {
-        key: key.clone(),
+    crate::keys::decode_u64("decimal number", kv.value()).map_err(|e| StoreError::Malformed {
+        key: String::from_utf8_lossy(kv.key()).escape_debug().to_string(),
         what: e.to_string(),
-    })?;
-    s.trim().parse().map_err(|e| StoreError::Malformed {
-        key,
-        what: format!("{s:?}: {e}"),
     })
 }
 
 fn text(kv: &KeyValue) -> String {
     String::from_utf8_lossy(kv.value()).into_owned()
+}
+
+/// An id read back as text (a claim holder, an intent's instance id). A value that is
+/// not one is returned quoted and escaped, so it reaches no log raw and no fencer
+/// takes it for an id (the EBS fencer refuses anything but an EC2 id).
+fn id_text(kv: &KeyValue) -> String {
+    crate::keys::decode_id_text("id", kv.value()).unwrap_or_else(|_| crate::keys::shown(kv.value()))
 }
 
 fn revision(resp: &TxnResponse) -> i64 {
@@ -248,6 +258,7 @@ impl EtcdStore {
             first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
             removals,
+            malformed_seen: Arc::default(),
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
