@@ -19,7 +19,7 @@ use crate::core::{
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::node::NodeId;
 use crate::ports::FenceStore;
-use crate::store::{ClaimGuard, EtcdStore, StoreError, count_round_trips};
+use crate::store::{Abort, ClaimGuard, EtcdStore, Finish, StoreError, count_round_trips};
 
 /// Controller settings.
 #[derive(Debug, Clone)]
@@ -504,14 +504,14 @@ impl<S: FenceStore> Controller<S> {
                         let json = serde_json::to_string(&*audit).unwrap_or_default();
                         let r = self
                             .store
-                            .finish(
-                                &victim.node,
+                            .finish(Finish {
+                                node: &victim.node,
                                 from,
                                 generation_rev,
                                 claim_rev,
-                                release_arenas.then_some(arenas.as_slice()),
-                                json,
-                            )
+                                release: release_arenas.then_some(arenas.as_slice()),
+                                audit_json: json,
+                            })
                             .await;
                         if lose {
                             return r.and_then(|_| Err(answer_lost("finish")));
@@ -556,13 +556,13 @@ impl<S: FenceStore> Controller<S> {
                         let lose = fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
                         let r = self
                             .store
-                            .abort(
-                                &victim.node,
+                            .abort(Abort {
+                                node: &victim.node,
                                 claim_rev,
-                                audit.generation_before,
-                                audit.unix_ms,
-                                json,
-                            )
+                                generation: audit.generation_before,
+                                unix_ms: audit.unix_ms,
+                                audit_json: json,
+                            })
                             .await;
                         if lose {
                             return r.and_then(|()| Err(answer_lost("abort")));
