@@ -12,6 +12,8 @@
 //! <root>/arena_free/<arena>           free pool
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
 //! <root>/liveness/<node>              Unix ms of the agent's last lease renewal
+//! <root>/namespace                    create-only, JSON identity of the shared
+//!                                     namespace (NGUID, EUI-64, subsystem NQN)
 //! ```
 
 use crate::node::NodeId;
@@ -48,6 +50,12 @@ impl Keys {
     /// The root, ending in `/`.
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// `namespace`: the identity of the shared namespace, recorded by the first join
+    /// (create-only).
+    pub fn namespace(&self) -> String {
+        format!("{}namespace", self.root)
     }
 
     node_key!(

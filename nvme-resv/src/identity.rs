@@ -75,7 +75,9 @@ fn field<'a>(
 
 /// NGUID and EUI64 from an Identify Namespace data structure, as stored (byte 104
 /// first); zero when not reported.
-pub fn parse_namespace_ids(buf: &[u8]) -> Result<([u8; NGUID_LEN], [u8; EUI64_LEN]), IdentifyError> {
+pub fn parse_namespace_ids(
+    buf: &[u8],
+) -> Result<([u8; NGUID_LEN], [u8; EUI64_LEN]), IdentifyError> {
     let mut nguid = [0u8; NGUID_LEN];
     nguid.copy_from_slice(field(buf, "NGUID", NGUID_OFFSET, NGUID_LEN)?);
     let mut eui64 = [0u8; EUI64_LEN];
@@ -324,7 +326,10 @@ mod tests {
         assert!(parse_namespace_ids(&[0; 128]).is_ok());
         assert!(matches!(
             parse_subnqn(&[0; 1023]),
-            Err(IdentifyError::Truncated { field: "SUBNQN", .. })
+            Err(IdentifyError::Truncated {
+                field: "SUBNQN",
+                ..
+            })
         ));
         assert_eq!(
             parse_subnqn(&ctrl_fixture(&[b'a', 0xff, b'b'])),

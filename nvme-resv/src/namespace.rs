@@ -223,13 +223,12 @@ impl Namespace {
                 source,
             }
         })?;
-        let subnqn = crate::identity::parse_subnqn(&ctrl[..]).map_err(|source| {
-            Error::InvalidIdentify {
+        let subnqn =
+            crate::identity::parse_subnqn(&ctrl[..]).map_err(|source| Error::InvalidIdentify {
                 op: Operation::IdentifyController,
                 nsid: self.nsid,
                 source,
-            }
-        })?;
+            })?;
         Ok(NamespaceIdentity {
             nguid,
             eui64,

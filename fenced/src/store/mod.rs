@@ -30,6 +30,7 @@ mod arenas;
 mod error;
 mod fence;
 mod health;
+mod identity;
 mod membership;
 mod view;
 

@@ -1,0 +1,112 @@
+//! `<root>/namespace`: which namespace the cluster shares, recorded by the first join
+//! (create-only) and compared by every later join and every NVMe fence.
+
+use etcd_client::{Txn, TxnOp};
+use nvme_resv::NamespaceIdentity;
+use serde::{Deserialize, Serialize};
+
+use super::{EtcdStore, Result, StoreError, absent, kvs};
+
+/// The stored form: hex digits as nvme-cli prints them, so an operator can compare
+/// with `nvme id-ns` / `nvme id-ctrl` by eye.
+#[derive(Debug, Serialize, Deserialize)]
+struct Stored {
+    nguid: String,
+    eui64: String,
+    subnqn: String,
+}
+
+fn encode(id: &NamespaceIdentity) -> String {
+    serde_json::to_string(&Stored {
+        nguid: id.nguid_hex(),
+        eui64: id.eui64_hex(),
+        subnqn: id.subnqn.clone(),
+    })
+    .unwrap_or_default()
+}
+
+fn decode(key: &str, value: &[u8]) -> Result<NamespaceIdentity> {
+    let malformed = |what: String| StoreError::Malformed {
+        key: key.to_owned(),
+        what,
+    };
+    let s: Stored = serde_json::from_slice(value).map_err(|e| malformed(e.to_string()))?;
+    NamespaceIdentity::from_hex(&s.nguid, &s.eui64, s.subnqn)
+        .ok_or_else(|| malformed("nguid must be 32 and eui64 16 hex digits".to_owned()))
+}
+
+impl EtcdStore {
+    /// Records `ours` as the shared namespace unless one is recorded already, in one
+    /// transaction. Returns the recorded identity (ours when we created it) and whether
+    /// we created it.
+    pub async fn record_namespace(
+        &self,
+        ours: &NamespaceIdentity,
+    ) -> Result<(NamespaceIdentity, bool)> {
+        let key = self.keys.namespace();
+        let txn = Txn::new()
+            .when(vec![absent(key.clone())])
+            .and_then(vec![TxnOp::put(key.clone(), encode(ours), None)])
+            .or_else(vec![TxnOp::get(key.clone(), None)]);
+        let resp = self.txn("record_namespace", txn).await?;
+        if resp.succeeded() {
+            return Ok((ours.clone(), true));
+        }
+        let ops = resp.op_responses();
+        match ops.first().and_then(|op| kvs(op).first().cloned()) {
+            Some(kv) => Ok((decode(&key, kv.value())?, false)),
+            // Deleted between the compare and the get of the same transaction cannot
+            // happen; an empty answer is malformed, not "absent".
+            None => Err(StoreError::Malformed {
+                key,
+                what: "transaction said present but returned no value".to_owned(),
+            }),
+        }
+    }
+
+    /// The recorded shared namespace, `None` when no join recorded one yet.
+    pub async fn namespace_record(&self) -> Result<Option<NamespaceIdentity>> {
+        self.rt();
+        let key = self.keys.namespace();
+        let r = self
+            .client()
+            .get(key.clone(), None)
+            .await
+            .map_err(|e| StoreError::classify("namespace_record", e))?;
+        r.kvs()
+            .first()
+            .map(|kv| decode(&key, kv.value()))
+            .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_form_round_trips_and_refuses_garbage() {
+        let id = NamespaceIdentity {
+            nguid: [0xab; 16],
+            eui64: [0; 8],
+            subnqn: "nqn.2014-08.org.fenced:hwtest".into(),
+        };
+        let v = encode(&id);
+        assert_eq!(
+            v,
+            r#"{"nguid":"abababababababababababababababab","eui64":"0000000000000000","subnqn":"nqn.2014-08.org.fenced:hwtest"}"#
+        );
+        assert_eq!(decode("k", v.as_bytes()).unwrap(), id);
+        for bad in [
+            &b"not json"[..],
+            br#"{"nguid":"ab","eui64":"0000000000000000","subnqn":""}"#,
+            br#"{"nguid":"abababababababababababababababab","subnqn":""}"#,
+        ] {
+            assert!(
+                matches!(decode("k", bad), Err(StoreError::Malformed { .. })),
+                "{}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+}
