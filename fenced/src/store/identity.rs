@@ -1,11 +1,13 @@
-//! `<root>/namespace`: which namespace the cluster shares, recorded by the first join
-//! (create-only) and compared by every later join and every NVMe fence.
+//! Who we are in etcd: `<root>/namespace`, which namespace the cluster shares (recorded
+//! by the first join, create-only, compared by every later join and every NVMe fence);
+//! and the watch on our own membership key.
 
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{Txn, TxnOp, WatchOptions, WatchStream};
 use nvme_resv::NamespaceIdentity;
 use serde::{Deserialize, Serialize};
 
 use super::{EtcdStore, Result, StoreError, absent, kvs};
+use crate::node::NodeId;
 
 /// The stored form: hex digits as nvme-cli prints them, so an operator can compare
 /// with `nvme id-ns` / `nvme id-ctrl` by eye.
@@ -77,6 +79,19 @@ impl EtcdStore {
             .first()
             .map(|kv| decode(&key, kv.value()))
             .transpose()
+    }
+}
+
+impl EtcdStore {
+    /// Watches `membership/<node>` alone from `start_rev` (our join's revision, so a
+    /// deletion between the join and the watch is not missed).
+    pub async fn watch_own_membership(&self, node: &NodeId, start_rev: i64) -> Result<WatchStream> {
+        self.rt();
+        let opts = WatchOptions::new().with_start_revision(start_rev);
+        self.client()
+            .watch(self.keys.membership(node), Some(opts))
+            .await
+            .map_err(|e| StoreError::classify("watch_own_membership", e))
     }
 }
 
