@@ -47,6 +47,16 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
             println!("arenas:        {}", fmt_pairs(&s.arenas));
             println!("free arenas:   {}", s.free_arenas.join(" "));
             println!("audit records: {}", s.audit_records);
+            // The shared namespace recorded by the first join (what every join and
+            // NVMe fence compares its device with).
+            let ns = store
+                .namespace_record()
+                .await
+                .map_err(OpError::store("read the recorded namespace"))?;
+            println!(
+                "namespace:     {}",
+                ns.map_or_else(|| "(none recorded)".to_owned(), |n| n.to_string())
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
