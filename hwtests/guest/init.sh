@@ -4,6 +4,8 @@
 # Sets up the kernel NVMe target: subsystem $SUBNQN with namespace 1 (reservations
 # enabled) and namespace 2 (reservations NOT enabled), both backed by files on tmpfs, a
 # loop port, and $NHOSTS loop "hosts" (distinct host NQN and host ID) connected to it.
+# With HWTEST_RESV_NAMESPACES=2 (run --resv-namespaces 2) also namespace 3, a second
+# reservation-capable one, exported per host as HWTEST_NVME_HOSTS2.
 # Then exports the device paths and runs /scenario/run.sh; prints the result marker and
 # powers off. Every line here goes to the serial console, which the host keeps as a log.
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -56,11 +58,18 @@ while [ "$i" -le "$NHOSTS" ]; do
 done
 
 # nsid 1: reservations enabled. nsid 2: reservations not enabled (capability tests).
-for nsid in 1 2; do
+# nsid 3 (only with HWTEST_RESV_NAMESPACES=2): reservations enabled.
+RESV_NAMESPACES=${HWTEST_RESV_NAMESPACES:-1}
+case $RESV_NAMESPACES in
+  1) nsids="1 2" ;;
+  2) nsids="1 2 3" ;;
+  *) fail "HWTEST_RESV_NAMESPACES=$RESV_NAMESPACES: only 1 or 2" ;;
+esac
+for nsid in $nsids; do
   truncate -s "$NS_SIZE" "/tmp/ns$nsid.img" || fail "backing file $nsid"
   mkdir "$S/namespaces/$nsid" || fail "mkdir namespace $nsid"
   echo -n "/tmp/ns$nsid.img" >"$S/namespaces/$nsid/device_path" || fail "device_path $nsid"
-  if [ "$nsid" = 1 ]; then
+  if [ "$nsid" != 2 ]; then
     # Must precede enable: nvmet refuses resv_enable on an enabled namespace (EINVAL).
     echo 1 >"$S/namespaces/$nsid/resv_enable" || fail "resv_enable (kernel too old? needs >= 6.13)"
   fi
@@ -83,6 +92,7 @@ ns_dev() { # controller nsid -> /dev/... of that namespace on that controller
   return 1
 }
 hosts=""
+hosts2=""
 noresv=""
 letters="A B C D E F G H"
 i=1
@@ -110,6 +120,17 @@ for L in $letters; do
   echo "guest-init: host $L: hostnqn $hostnqn hostid $id -> $ctrl -> $dev"
   eval "export HWTEST_HOST_${L}_NQN=$hostnqn HWTEST_HOST_${L}_ID=$id HWTEST_HOST_${L}_CTRL=$ctrl"
   hosts=${hosts:+$hosts,}$dev
+  if [ "$RESV_NAMESPACES" = 2 ]; then
+    dev3=""
+    t=0
+    while [ -z "$dev3" ] && [ "$t" -lt 100 ]; do
+      dev3=$(ns_dev "$ctrl" 3) && [ -b "$dev3" ] || dev3=""
+      [ -n "$dev3" ] || { sleep 0.1; t=$((t + 1)); }
+    done
+    [ -n "$dev3" ] || fail "no namespace 3 on $ctrl for host $L"
+    echo "guest-init: host $L: namespace 3 -> $dev3"
+    hosts2=${hosts2:+$hosts2,}$dev3
+  fi
   if [ -z "$noresv" ]; then
     t=0
     while [ -z "$noresv" ] && [ "$t" -lt 100 ]; do
@@ -121,7 +142,8 @@ for L in $letters; do
   i=$((i + 1))
 done
 export HWTEST_NVME_HOSTS=$hosts HWTEST_NVME_NORESV=$noresv HWTEST_GUEST=1
-echo "guest-init: nvmet ready at $(uptime_s)s: HWTEST_NVME_HOSTS=$HWTEST_NVME_HOSTS HWTEST_NVME_NORESV=$HWTEST_NVME_NORESV"
+[ -z "$hosts2" ] || export HWTEST_NVME_HOSTS2=$hosts2
+echo "guest-init: nvmet ready at $(uptime_s)s: HWTEST_NVME_HOSTS=$HWTEST_NVME_HOSTS HWTEST_NVME_NORESV=$HWTEST_NVME_NORESV${hosts2:+ HWTEST_NVME_HOSTS2=$hosts2}"
 
 [ -f /etc/scenario.env ] && . /etc/scenario.env
 cd /tmp
