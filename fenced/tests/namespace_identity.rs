@@ -51,7 +51,7 @@ async fn a_node_on_another_namespace_is_refused_before_registering() {
     let AgentError::WrongNamespace { recorded, ours, .. } = &err else {
         panic!("{err:?}")
     };
-    assert_eq!((recorded, ours), (&id(1), &id(2)));
+    assert_eq!((&**recorded, &**ours), (&id(1), &id(2)));
     let text = err.to_string();
     assert!(
         text.contains(&format!("recorded at /fenced-test/namespace: {}", id(1)))

@@ -25,8 +25,8 @@ pub async fn check_namespace(
         return Err(AgentError::WrongNamespace {
             node: node.clone(),
             key,
-            recorded,
-            ours: ours.clone(),
+            recorded: Box::new(recorded),
+            ours: Box::new(ours.clone()),
         });
     }
     tracing::info!(step = "namespace", node = %node, namespace = %ours, "our device is the recorded shared namespace");

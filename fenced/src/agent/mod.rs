@@ -178,9 +178,9 @@ pub enum AgentError {
         /// The record's key.
         key: String,
         /// The recorded namespace.
-        recorded: nvme_resv::NamespaceIdentity,
+        recorded: Box<nvme_resv::NamespaceIdentity>,
         /// Our device's.
-        ours: nvme_resv::NamespaceIdentity,
+        ours: Box<nvme_resv::NamespaceIdentity>,
     },
     /// Our membership was gone before we adopted our arenas: peers will fence us, so
     /// we must not start I/O.
