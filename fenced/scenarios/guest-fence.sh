@@ -29,8 +29,10 @@ until_() {
     sleep 0.5
   done
 }
-gen_of() { fenced status --etcd-endpoints $EP --root $ROOT | sed -n 's/^generations: *//p' | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-members() { fenced status --etcd-endpoints $EP --root $ROOT | sed -n 's/^members: *//p'; }
+# `fenced status` rows: NODE MEMBER GEN first (no spaces in them), after a summary and a header line.
+row_of() { fenced status --etcd-endpoints $EP --root $ROOT | awk -v n="$1" 'NR > 2 && $1 == n'; }
+gen_of() { row_of "$1" | awk '{print $3}'; }
+members() { fenced status --etcd-endpoints $EP --root $ROOT | awk 'NR > 2 && $2 == "yes" {printf "%s ", $1}'; }
 report() { nvme resv-report "$1" --eds 2>/dev/null || nvme-resv report "$1" 2>/dev/null; }
 key_of() { nvme-resv key-for-node "$1" 2>/dev/null; }
 
@@ -126,10 +128,10 @@ R1=$(refused4)
 say "n4's fence retried by $((S1 - S0)) sweeps in $(awk "BEGIN{print $T6-$T4}")s, each refused (Reservation Conflict) and logged: $R1 refusals in all"
 say "n4's refusals at (n2's log, UTC): $(grep 'fence NOT confirmed' /tmp/n2.log | grep 'n4' | awk '{print substr($1, 12, 10)}' | tr '\n' ' ')"
 grep 'fence NOT confirmed' /tmp/n2.log | grep 'n4' | tail -n 1
-ST=$(fenced status --etcd-endpoints $EP --root $ROOT)
-echo "$ST" | grep '^owed fences\|^generations'
-echo "$ST" | sed -n 's/^owed fences: *//p' | grep -q 'n4(' || die "n4's fence is not owed"
-echo "$ST" | sed -n 's/^generations: *//p' | grep -q 'n4=0' || die "n4's generation was bumped by a refused fence"
+R4=$(row_of n4)
+echo "$R4"
+echo "$R4" | grep -q ' OWED ' || die "n4's fence is not owed"
+[ "$(echo "$R4" | awk '{print $3}')" = 0 ] || die "n4's generation was bumped by a refused fence"
 report "$A" | grep -q "${K4#0x}" || die "n4's key is gone although every preempt was refused"
 nvme-resv register "$B" --nrkey "$K2" >/dev/null || die "registering host B again failed"
 nvme-resv register "$C" --rrega unregister --crkey "$K2" >/dev/null || die "unregistering host C failed"
@@ -139,13 +141,16 @@ bumped4() { [ "$(gen_of n4)" = 1 ]; }
 until_ 20 "n4's fence once the device accepts the preempt" bumped4
 say "n4 fenced: generation 0 -> 1 ($(awk "BEGIN{print $(t)-$T5}")s after the cause was removed)"
 sleep 3 # one more sweep: nothing left to do
-ST=$(fenced status --etcd-endpoints $EP --root $ROOT)
-echo "$ST" | sed -n 's/^generations: *//p' | grep -q 'n4=1' || die "n4 bumped more than once"
-echo "$ST" | sed -n 's/^owed fences: *//p' | grep -q 'n4(' && die "n4's fence still owed"
+R4=$(row_of n4)
+[ "$(echo "$R4" | awk '{print $3}')" = 1 ] || die "n4 bumped more than once"
+echo "$R4" | grep -q ' OWED ' && die "n4's fence still owed"
 [ "$(grep 'node fenced' /tmp/n2.log | grep -c 'n4')" = 1 ] || die "n4 not fenced exactly once"
 report "$A" | grep -q "${K4#0x}" && die "n4's key survived its fence"
 say "PASS: refused preempts: n4's fence stayed owed and unbumped through $((S1 - S0)) sweeps, each logged; completed once when host B was registered again"
 say "PASS: n3 fenced once (preempted, verified, bumped), refused by the device and the guard, self-fenced; n1 left unfenced"
+say "the fences explained: fenced audit"
+fenced audit --etcd-endpoints $EP --root $ROOT || die "fenced audit failed"
+fenced check --etcd-endpoints $EP --root $ROOT; say "fenced check exit status $?"
 kill "$PID2" 2>/dev/null; wait "$PID2" 2>/dev/null
 kill "$ETCD"; wait "$ETCD" 2>/dev/null
 exit 0

@@ -30,9 +30,10 @@ until_() {
   done
 }
 st() { fenced status --etcd-endpoints $EP --root $ROOT; }
-field() { st | sed -n "s/^$1: *//p"; }
-gen_of() { field generations | tr ' ' '\n' | sed -n "s/^$1=//p"; }
-members() { field members; }
+# `fenced status` rows: NODE MEMBER GEN first, after a summary and a header line.
+row_of() { st | awk -v n="$1" 'NR > 2 && $1 == n'; }
+gen_of() { row_of "$1" | awk '{print $3}'; }
+members() { st | awk 'NR > 2 && $2 == "yes" {printf "%s ", $1}'; }
 nguid() { nvme id-ns "$1" -o json | tr -d ' \n' | sed -n 's/.*"nguid":"\([0-9a-f]*\)".*/\1/p'; }
 # run_node NAME DEVICE LOG: a daemon in the background, pid in $PID.
 run_node() {
@@ -85,7 +86,7 @@ say "n3 exited with status $rc"
 grep 'refuses to join' /tmp/n3.log || die "no refusal line in n3's log"
 grep 'refuses to join' /tmp/n3.log | grep "NGUID $N1" | grep -q "NGUID $N3" || die "the refusal does not name both identities"
 members | grep -q n3 && die "n3 became a member"
-field generations | grep -q 'n3=' && die "n3 has a generation"
+[ -z "$(row_of n3)" ] || die "n3 has records in etcd: $(row_of n3)"
 K3=$(nvme-resv key-for-node n3); K2=$(nvme-resv key-for-node n2)
 nvme resv-report "$C3" --eds -o json | tr -d ' \n' | grep -q '"regctl":0' || die "something is registered on nsid 3: $(nvme resv-report "$C3" --eds)"
 nvme-resv report "$A" | grep -q "${K3#0x}" && die "n3's key is registered on nsid 1"
@@ -113,8 +114,8 @@ twice() {
 until_ 40 "two refused attempts on n2 by n3's controller" twice
 grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1
 grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1 | grep "NGUID $N1" | grep -q "NGUID $N3" || die "the refusal does not name both identities"
-st | grep '^owed fences\|^generations\|^audit records'
-field 'owed fences' | grep -q 'n2(' || die "n2's fence is not owed"
+st
+row_of n2 | grep -q 'OWED' || die "n2's fence is not owed: $(row_of n2)"
 [ "$(gen_of n2)" = 0 ] || die "n2 was bumped without evidence (generation $(gen_of n2))"
 grep -q 'node fenced' /tmp/n3b.log && die "n3's controller fenced someone"
 nvme-resv report "$A" | grep -q "${K2#0x}" || die "n2's key left nsid 1 although nobody preempted it there"
@@ -126,7 +127,7 @@ bumped() { [ "$(gen_of n2)" = 1 ]; }
 until_ 60 "n1 to complete n2's fence" bumped
 sleep 3
 [ "$(gen_of n2)" = 1 ] || die "n2 bumped more than once"
-field 'owed fences' | grep -q 'n2(' && die "n2's fence still owed"
+row_of n2 | grep -q 'OWED' && die "n2's fence still owed: $(row_of n2)"
 nvme-resv report "$A" | grep -q "${K2#0x}" && die "n2's key survived its fence"
 grep 'node fenced' /tmp/n1.log | grep n2 | tail -n 1
 say "PASS: n1 on nsid 1 completed n2's owed fence once"

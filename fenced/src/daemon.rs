@@ -183,13 +183,10 @@ pub async fn connect(
     unreachable!("the loop returns")
 }
 
-/// Opens the shared namespace: `path` resolved (a `/dev/disk/by-id/` link names the
-/// same namespace across boots; both names are logged), reservations required, and
-/// its identity read for the join and fence checks.
-fn open_device(
-    path: &Path,
-    allow_unidentified: bool,
-) -> Result<(Device, NamespaceIdentity), DaemonError> {
+/// Opens `path` resolved (a `/dev/disk/by-id/` link names the same namespace across
+/// boots) and checks that it supports reservations. Returns the namespace and the
+/// device node the path resolved to.
+fn open_reservations(path: &Path) -> Result<(nvme_resv::Namespace, PathBuf), DaemonError> {
     let device = std::fs::canonicalize(path).map_err(|source| DaemonError::ResolveDevice {
         path: path.to_owned(),
         source,
@@ -209,6 +206,22 @@ fn open_device(
             rescap: caps.rescap,
         });
     }
+    Ok((ns, device))
+}
+
+/// Opens a namespace that supports reservations (`fenced attest --block-device`).
+pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
+    open_reservations(path).map(|(ns, _)| Arc::new(ns) as Device)
+}
+
+/// Opens the shared namespace ([`open_reservations`]; both names are logged) and reads
+/// its identity for the join and fence checks: one without NGUID or EUI-64 is refused
+/// unless `allow_unidentified`.
+fn open_shared_namespace(
+    path: &Path,
+    allow_unidentified: bool,
+) -> Result<(Device, NamespaceIdentity), DaemonError> {
+    let (ns, device) = open_reservations(path)?;
     let identity = ns
         .namespace_identity()
         .map_err(|source| DaemonError::Identify {
@@ -275,7 +288,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         // (gp3 and older io2 attachments have none).
         (FencerKind::Ebs, _) | (_, None) => (None, None),
         (_, Some(p)) => {
-            let (d, id) = open_device(p, s.allow_unidentified_namespace)?;
+            let (d, id) = open_shared_namespace(p, s.allow_unidentified_namespace)?;
             (Some(d), Some(id))
         }
     };

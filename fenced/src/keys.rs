@@ -11,12 +11,224 @@
 //! <root>/arena_node/<node>/<arena>    index: arenas a node owns (one range read)
 //! <root>/arena_free/<arena>           free pool
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
-//! <root>/liveness/<node>              Unix ms of the agent's last lease renewal
+//! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
+//! <root>/instance/<node>              instance id the node last joined with
 //! <root>/namespace                    create-only, JSON identity of the shared
 //!                                     namespace (NGUID, EUI-64, subsystem NQN)
 //! ```
+//!
+//! Everything read back from etcd is decoded by the functions here (`decode_*` and
+//! the key parsers), each returning a typed [`Malformed`] instead of guessing: a value
+//! another tool, an operator or a bug wrote must never stop the sweep for every other
+//! node, nor be taken for something it does not say.
 
-use crate::node::NodeId;
+use crate::node::{InvalidNodeId, NodeId};
+
+/// Longest identifier text (instance id, controller id) accepted from etcd.
+pub const MAX_ID_TEXT: usize = 255;
+/// Longest decimal number accepted from etcd (`u64::MAX` has 20 digits; a little room
+/// for surrounding whitespace).
+const MAX_NUMBER_TEXT: usize = 32;
+/// How many characters of a bad value an error shows.
+const SHOWN_CHARS: usize = 48;
+
+/// Why a key or a value read back from etcd does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Malformed {
+    /// The key is not UTF-8.
+    #[error("key is not valid UTF-8")]
+    KeyNotUtf8,
+    /// The key's node segment is not a valid node id.
+    #[error("key does not name a node: {0}")]
+    KeyNode(#[source] InvalidNodeId),
+    /// The key has a path segment where the layout has none.
+    #[error("key has an unexpected path segment {segment} after the {after}")]
+    ExtraSegment {
+        /// What the key names before the extra segment (`node id`, `arena`).
+        after: &'static str,
+        /// The extra part, escaped and shortened.
+        segment: String,
+    },
+    /// The key lacks a segment the layout has.
+    #[error("key lacks its {what}")]
+    MissingSegment {
+        /// The missing part.
+        what: &'static str,
+    },
+    /// A key or value segment names an arena with a character arena names do not use.
+    #[error("arena name {name} is not valid: {why}")]
+    ArenaName {
+        /// The name, escaped and shortened.
+        name: String,
+        /// Why.
+        why: &'static str,
+    },
+    /// The value is not UTF-8.
+    #[error("value is not valid UTF-8 (invalid byte at offset {offset})")]
+    NotUtf8 {
+        /// Offset of the first invalid byte.
+        offset: usize,
+    },
+    /// The value is longer than any value of this kind.
+    #[error("value is {len} bytes, longer than the {max} a {what} may have")]
+    TooLong {
+        /// What the value should be.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// The value is not a decimal number that fits.
+    #[error("value {value} is not a {what} (a decimal number 0..=18446744073709551615): {why}")]
+    NotANumber {
+        /// What the value should be.
+        what: &'static str,
+        /// The value, escaped and shortened.
+        value: String,
+        /// Why (`empty`, `not a digit`, `too large`).
+        why: &'static str,
+    },
+    /// The value contains a character identifiers of this kind never contain.
+    #[error(
+        "value {value} is not a {what}: character {ch:?} not allowed (A-Z a-z 0-9 . _ - : / @)"
+    )]
+    BadChar {
+        /// What the value should be.
+        what: &'static str,
+        /// The value, escaped and shortened.
+        value: String,
+        /// The first character refused.
+        ch: char,
+    },
+    /// The value is not the JSON record fenced writes.
+    #[error("value is not a {what}: {why}")]
+    NotJson {
+        /// What the value should be.
+        what: &'static str,
+        /// The JSON parser's reason.
+        why: String,
+    },
+}
+
+/// `bytes` as a quoted, escaped string of at most [`SHOWN_CHARS`] characters (the rest
+/// elided with its length), safe to put on one log line.
+pub fn shown(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out: String = text.chars().take(SHOWN_CHARS).collect();
+    let cut = out.len() < text.len();
+    out = format!("\"{}\"", out.escape_debug());
+    if cut {
+        out.push_str(&format!("... ({} bytes)", bytes.len()));
+    }
+    out
+}
+
+/// A decimal `u64` (a generation, a Unix millisecond time). Surrounding ASCII
+/// whitespace is tolerated (`etcdctl put` by hand); signs, fractions, JSON and
+/// anything above `u64::MAX` are not.
+pub fn decode_u64(what: &'static str, value: &[u8]) -> Result<u64, Malformed> {
+    if value.len() > MAX_NUMBER_TEXT {
+        return Err(Malformed::TooLong {
+            what,
+            len: value.len(),
+            max: MAX_NUMBER_TEXT,
+        });
+    }
+    let text = std::str::from_utf8(value).map_err(|e| Malformed::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let digits = text.trim_ascii();
+    let bad = |why| Malformed::NotANumber {
+        what,
+        value: shown(value),
+        why,
+    };
+    if digits.is_empty() {
+        return Err(bad("empty"));
+    }
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad("not a digit"));
+    }
+    digits.parse().map_err(|_| bad("too large"))
+}
+
+/// An identifier written as text (instance id, controller id `node/instance`): at
+/// most [`MAX_ID_TEXT`] bytes of `A-Z a-z 0-9 . _ - : / @` — the characters of node
+/// ids, EC2 instance ids, machine ids and the controller ids built from them. Empty is
+/// allowed (an instance id that was never known).
+pub fn decode_id_text(what: &'static str, value: &[u8]) -> Result<String, Malformed> {
+    if value.len() > MAX_ID_TEXT {
+        return Err(Malformed::TooLong {
+            what,
+            len: value.len(),
+            max: MAX_ID_TEXT,
+        });
+    }
+    let text = std::str::from_utf8(value).map_err(|e| Malformed::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    let allowed =
+        |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/' | '@');
+    match text.chars().find(|c| !allowed(*c)) {
+        Some(ch) => Err(Malformed::BadChar {
+            what,
+            value: shown(value),
+            ch,
+        }),
+        None => Ok(text.to_owned()),
+    }
+}
+
+/// A node id written as a value (`arena_owner/<arena>`).
+pub fn decode_node_id(value: &[u8]) -> Result<NodeId, Malformed> {
+    if value.len() > crate::node::MAX_NODE_ID_LEN {
+        return Err(Malformed::TooLong {
+            what: "node id",
+            len: value.len(),
+            max: crate::node::MAX_NODE_ID_LEN,
+        });
+    }
+    let text = std::str::from_utf8(value).map_err(|e| Malformed::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    NodeId::new(text).map_err(Malformed::KeyNode)
+}
+
+/// An arena name: 1..=[`MAX_ID_TEXT`] bytes of `A-Z a-z 0-9 . _ -` (no `/`: the name
+/// is the last segment of `arena_node/<node>/<arena>`).
+pub fn decode_arena_name(name: &str) -> Result<&str, Malformed> {
+    let bad = |why| Malformed::ArenaName {
+        name: shown(name.as_bytes()),
+        why,
+    };
+    if name.is_empty() {
+        return Err(bad("empty"));
+    }
+    if name.len() > MAX_ID_TEXT {
+        return Err(bad("too long"));
+    }
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+    {
+        return Err(bad("character outside A-Z a-z 0-9 . _ -"));
+    }
+    Ok(name)
+}
+
+/// Where an `audit/` key points.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuditKey {
+    /// The fenced node.
+    pub node: NodeId,
+    /// The generation the fence bumped the node to, or (a failed attempt) the
+    /// generation it found.
+    pub generation: u64,
+    /// A failed attempt: Unix milliseconds of its decision.
+    pub failed_unix_ms: Option<u64>,
+}
 
 /// The key layout under one root.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,7 +296,8 @@ impl Keys {
     );
 
     node_key!(
-        /// `liveness/<node>`: Unix milliseconds of the agent's last lease renewal.
+        /// `liveness/<node>`: the lease the agent renews, its TTL and self-fence margin
+        /// (`core::attest::LivenessRecord`, JSON), rewritten at each renewal.
         liveness, liveness_prefix, "liveness"
     );
 
@@ -98,6 +311,10 @@ impl Keys {
     /// `arena_owner/<arena>`: owner of one arena.
     pub fn arena_owner(&self, arena: &str) -> String {
         format!("{}arena_owner/{arena}", self.root)
+    }
+    /// `arena_owner/`: every arena's owner.
+    pub fn arena_owner_prefix(&self) -> String {
+        format!("{}arena_owner/", self.root)
     }
     /// `arena_free/<arena>`: the arena is in the free pool.
     pub fn arena_free(&self, arena: &str) -> String {
@@ -130,17 +347,92 @@ impl Keys {
 
     /// The node id at the end of `key` when it lies directly under `prefix`.
     pub fn node_of(&self, prefix: &str, key: &[u8]) -> Option<NodeId> {
-        let key = std::str::from_utf8(key).ok()?;
-        let rest = key.strip_prefix(prefix)?;
-        NodeId::new(rest).ok()
+        self.decode_node_key(prefix, key).ok()
+    }
+
+    /// The node id of a key under `prefix` (`<prefix><node>`), or why it names none.
+    /// A key not under `prefix` at all is [`Malformed::MissingSegment`].
+    pub fn decode_node_key(&self, prefix: &str, key: &[u8]) -> Result<NodeId, Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(prefix)
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        if let Some((node, extra)) = rest.split_once('/') {
+            NodeId::new(node).map_err(Malformed::KeyNode)?;
+            return Err(Malformed::ExtraSegment {
+                after: "node id",
+                segment: shown(extra.as_bytes()),
+            });
+        }
+        NodeId::new(rest).map_err(Malformed::KeyNode)
     }
 
     /// `(node, arena)` of an `arena_node/<node>/<arena>` key.
     pub fn arena_node_of(&self, key: &[u8]) -> Option<(NodeId, String)> {
-        let key = std::str::from_utf8(key).ok()?;
-        let rest = key.strip_prefix(&self.arena_node_all_prefix())?;
-        let (node, arena) = rest.split_once('/')?;
-        Some((NodeId::new(node).ok()?, arena.to_owned()))
+        let (node, arena) = self.decode_arena_node_key(key).ok()?;
+        Some((node, arena.ok()?))
+    }
+
+    /// `(node, arena)` of an `arena_node/<node>/<arena>` key. The outer error: no node
+    /// can be named. The inner one: the node is named but the arena part is malformed
+    /// (the sweep still counts it as an arena the node owns: when in doubt, fence).
+    #[allow(clippy::type_complexity)]
+    pub fn decode_arena_node_key(
+        &self,
+        key: &[u8],
+    ) -> Result<(NodeId, Result<String, Malformed>), Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(&self.arena_node_all_prefix())
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        let (node, arena) = rest
+            .split_once('/')
+            .ok_or(Malformed::MissingSegment { what: "arena" })?;
+        let node = NodeId::new(node).map_err(Malformed::KeyNode)?;
+        let arena = match arena.split_once('/') {
+            Some((_, extra)) => Err(Malformed::ExtraSegment {
+                after: "arena",
+                segment: shown(extra.as_bytes()),
+            }),
+            None => decode_arena_name(arena).map(str::to_owned),
+        };
+        Ok((node, arena))
+    }
+
+    /// The arena named by a key under `prefix` (`arena_owner/`, `arena_free/`).
+    pub fn decode_arena_key(&self, prefix: &str, key: &[u8]) -> Result<String, Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(prefix)
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        if let Some((_, extra)) = rest.split_once('/') {
+            return Err(Malformed::ExtraSegment {
+                after: "arena",
+                segment: shown(extra.as_bytes()),
+            });
+        }
+        decode_arena_name(rest).map(str::to_owned)
+    }
+
+    /// `audit/<node>/<generation:020>` or `audit/<node>/<generation:020>.failed.<ms>`.
+    pub fn decode_audit_key(&self, key: &[u8]) -> Result<AuditKey, Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(&self.audit_prefix())
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        let (node, tail) = rest
+            .split_once('/')
+            .ok_or(Malformed::MissingSegment { what: "generation" })?;
+        let node = NodeId::new(node).map_err(Malformed::KeyNode)?;
+        let (generation, failed) = match tail.split_once(".failed.") {
+            Some((g, ms)) => (g, Some(decode_u64("failure time", ms.as_bytes())?)),
+            None => (tail, None),
+        };
+        Ok(AuditKey {
+            node,
+            generation: decode_u64("generation", generation.as_bytes())?,
+            failed_unix_ms: failed,
+        })
     }
 }
 
@@ -174,5 +466,218 @@ mod tests {
             !k.arena_node(&n10, "a")
                 .starts_with(&k.arena_node_prefix(&NodeId::new("n1").unwrap()))
         );
+    }
+
+    #[test]
+    fn numbers_decode_strictly() {
+        assert_eq!(decode_u64("generation", b"0"), Ok(0));
+        assert_eq!(decode_u64("generation", b" 42\n"), Ok(42));
+        assert_eq!(
+            decode_u64("generation", b"18446744073709551615"),
+            Ok(u64::MAX)
+        );
+        for bad in [
+            &b""[..],
+            b"zz",
+            b"-1",
+            b"+1",
+            b"1.5",
+            b"18446744073709551616",
+            b"{\"gen\":1}",
+            b"\xff\xfe",
+            &[b'7'; 100],
+        ] {
+            let e = decode_u64("generation", bad).unwrap_err();
+            assert!(!e.to_string().contains('\n'), "{e}");
+        }
+        assert!(matches!(
+            decode_u64("generation", b"-1"),
+            Err(Malformed::NotANumber {
+                why: "not a digit",
+                ..
+            })
+        ));
+        assert!(matches!(
+            decode_u64("generation", b"99999999999999999999"),
+            Err(Malformed::NotANumber {
+                why: "too large",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn id_text_refuses_json_control_characters_and_huge_values() {
+        assert_eq!(
+            decode_id_text("instance id", b"i-0abc"),
+            Ok("i-0abc".into())
+        );
+        assert_eq!(decode_id_text("instance id", b""), Ok(String::new()));
+        assert_eq!(
+            decode_id_text("controller id", b"n1/i-1"),
+            Ok("n1/i-1".into())
+        );
+        assert!(matches!(
+            decode_id_text("instance id", b"{\"id\":1}"),
+            Err(Malformed::BadChar { ch: '{', .. })
+        ));
+        assert!(matches!(
+            decode_id_text("instance id", b"i-1\nforged log line"),
+            Err(Malformed::BadChar { ch: '\n', .. })
+        ));
+        assert!(matches!(
+            decode_id_text("instance id", &[b'a'; 4096]),
+            Err(Malformed::TooLong { len: 4096, .. })
+        ));
+        assert!(matches!(
+            decode_id_text("instance id", b"\xff"),
+            Err(Malformed::NotUtf8 { offset: 0 })
+        ));
+    }
+
+    #[test]
+    fn keys_with_extra_segments_or_bad_nodes_are_named() {
+        let k = Keys::new("/r");
+        let p = k.generation_prefix();
+        assert_eq!(
+            k.decode_node_key(&p, b"/r/gen/n1"),
+            Ok(NodeId::new("n1").unwrap())
+        );
+        assert!(matches!(
+            k.decode_node_key(&p, b"/r/gen/n1/x"),
+            Err(Malformed::ExtraSegment { .. })
+        ));
+        assert!(matches!(
+            k.decode_node_key(&p, b"/r/gen/"),
+            Err(Malformed::KeyNode(InvalidNodeId::Empty))
+        ));
+        assert!(matches!(
+            k.decode_node_key(&p, b"/r/gen/\xff"),
+            Err(Malformed::KeyNotUtf8)
+        ));
+        let (n, a) = k.decode_arena_node_key(b"/r/arena_node/n1/a/b").unwrap();
+        assert_eq!(n.as_str(), "n1");
+        assert!(matches!(a, Err(Malformed::ExtraSegment { .. })));
+        assert!(k.decode_arena_node_key(b"/r/arena_node/n1").is_err());
+        assert_eq!(
+            k.decode_audit_key(b"/r/audit/n1/00000000000000000003"),
+            Ok(AuditKey {
+                node: NodeId::new("n1").unwrap(),
+                generation: 3,
+                failed_unix_ms: None
+            })
+        );
+        assert_eq!(
+            k.decode_audit_key(b"/r/audit/n1/00000000000000000002.failed.1700")
+                .unwrap()
+                .failed_unix_ms,
+            Some(1700)
+        );
+        assert!(k.decode_audit_key(b"/r/audit/n1/x").is_err());
+        assert!(
+            k.decode_arena_key(&k.arena_owner_prefix(), b"/r/arena_owner/a/b")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn shown_is_one_escaped_line_of_bounded_length() {
+        let s = shown(&[b'\n'; 10_000]);
+        assert!(!s.contains('\n') && s.len() < 200, "{s}");
+        assert!(s.ends_with("(10000 bytes)"), "{s}");
+    }
+
+    mod prop {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        /// Bytes that look like what could sit in etcd: anything, or text around the
+        /// shapes the decoders accept.
+        fn value() -> impl Strategy<Value = Vec<u8>> {
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..300),
+                "[0-9+ -]{0,30}".prop_map(String::into_bytes),
+                "[a-zA-Z0-9._:/@{}\"\n-]{0,300}".prop_map(String::into_bytes),
+                any::<u64>().prop_map(|n| n.to_string().into_bytes()),
+            ]
+        }
+
+        fn key(k: &Keys) -> impl Strategy<Value = Vec<u8>> {
+            let root = k.root().to_owned();
+            prop_oneof![
+                proptest::collection::vec(any::<u8>(), 0..80),
+                (
+                    prop::sample::select(vec![
+                        "gen/",
+                        "membership/",
+                        "fence_pending/",
+                        "fence_done/",
+                        "fence_claim/",
+                        "departed/",
+                        "instance/",
+                        "liveness/",
+                        "arena_node/",
+                        "arena_owner/",
+                        "arena_free/",
+                        "audit/",
+                    ]),
+                    "[a-z0-9./_ -]{0,40}",
+                    proptest::collection::vec(any::<u8>(), 0..4),
+                )
+                    .prop_map(move |(p, tail, raw)| {
+                        let mut b = format!("{root}{p}{tail}").into_bytes();
+                        b.extend(raw);
+                        b
+                    }),
+            ]
+        }
+
+        proptest! {
+            /// Every value decoder returns a value or a typed error whose message is
+            /// one line of bounded length, and what it accepts round-trips.
+            #[test]
+            fn value_decoders_never_panic(v in value()) {
+                for r in [
+                    decode_u64("generation", &v).map(|n| n.to_string()),
+                    decode_id_text("instance id", &v),
+                    decode_node_id(&v).map(|n| n.to_string()),
+                ] {
+                    match r {
+                        Ok(s) => prop_assert!(s.len() <= MAX_ID_TEXT),
+                        Err(e) => {
+                            let m = e.to_string();
+                            prop_assert!(!m.contains('\n') && m.len() < 400, "{}", m);
+                        }
+                    }
+                }
+                let s = shown(&v);
+                prop_assert!(!s.contains('\n') && s.len() < 300, "{}", s);
+                if let Ok(n) = decode_u64("generation", &v) {
+                    prop_assert_eq!(decode_u64("generation", n.to_string().as_bytes()), Ok(n));
+                }
+                if let Ok(t) = decode_id_text("instance id", &v) {
+                    prop_assert_eq!(t.as_bytes(), &v[..]);
+                }
+            }
+
+            /// Every key parser returns a decoded key or a typed error, and a decoded
+            /// node id re-encodes to the same key.
+            #[test]
+            fn key_decoders_never_panic(k in key(&Keys::new("/r/"))) {
+                let keys = Keys::new("/r/");
+                for p in [keys.generation_prefix(), keys.membership_prefix(), keys.pending_prefix()] {
+                    if let Ok(n) = keys.decode_node_key(&p, &k) {
+                        prop_assert_eq!(format!("{p}{n}").into_bytes(), k.clone());
+                    }
+                }
+                if let Ok((n, Ok(a))) = keys.decode_arena_node_key(&k) {
+                    prop_assert_eq!(keys.arena_node(&n, &a).into_bytes(), k.clone());
+                }
+                if let Ok(a) = keys.decode_arena_key(&keys.arena_owner_prefix(), &k) {
+                    prop_assert_eq!(keys.arena_owner(&a).into_bytes(), k.clone());
+                }
+                let _ = keys.decode_audit_key(&k);
+            }
+        }
     }
 }

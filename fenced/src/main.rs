@@ -34,15 +34,27 @@ struct Cli {
 enum Cmd {
     /// Run the node agent and the controller.
     Run(Box<RunArgs>),
-    /// Show members, generations, owed fences, claims and arenas.
+    /// One row per node: member, lease renewal, generation, owed fence and why, claim
+    /// holder, last fence and by whom, arenas; records that do not decode.
     Status(ops::status::StatusArgs),
+    /// The fence records, failed attempts included: who fenced whom, trigger, signals,
+    /// fencer evidence, step durations, generation before and after.
+    Audit(ops::audit::AuditArgs),
+    /// Monitoring-plugin check, one summary line: exit 0 OK, 1 WARNING, 2 CRITICAL,
+    /// 3 UNKNOWN (owed fences older than a threshold, members missing, etcd endpoints
+    /// out of rotation, malformed records).
+    Check(ops::check::CheckArgs),
     /// From this host: try one O_DIRECT write (blockio) on the shared device and,
     /// optionally, one metadata transaction guarded by a node's generation. Prints one
     /// line per probe; exit status 10 when anything was refused.
     Probe(ops::probe::ProbeArgs),
     /// Operator-attested fence: you confirmed out of band that NODE is gone (powered
-    /// off, detached); supply the second confirmation. Refused while NODE is a member
-    /// or renewed its liveness within --fresh-secs.
+    /// off, detached); supply the second confirmation. Refused for a node that never
+    /// joined, while NODE is a member or being fenced, and (unless --force) while its
+    /// liveness is unknown or etcd still holds the lease its agent renews. With
+    /// --block-device, NODE's key is preempted and verified gone first. A node already
+    /// fenced since its last membership is reported ("already fenced at generation
+    /// G", exit 0) and not bumped again.
     Attest(ops::attest::AttestArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
     Leave(ops::leave::LeaveArgs),
@@ -85,6 +97,8 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
             daemon::run(settings).await?
         }
         Cmd::Status(args) => ops::status::status(args).await?,
+        Cmd::Audit(args) => ops::audit::audit(args).await?,
+        Cmd::Check(args) => ops::check::check(args).await?,
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,

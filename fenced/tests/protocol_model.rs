@@ -1,13 +1,14 @@
-//! A stateright model of the fencing protocol (issue 8, DESIGN.md invariants 1–5).
+//! A stateright model of the fencing protocol (issue 8, DESIGN.md invariants 1–5; issue
+//! 14, invariant 6).
 //!
-//! The model is the protocol of `fenced/src` (store.rs transactions, controller.rs
-//! driver, core.rs decisions, agent.rs start/run/leave) reduced to what decides
+//! The model is the protocol of `fenced/src` (store/ transactions, controller.rs
+//! driver, core/ decisions, agent/ start/run/leave) reduced to what decides
 //! safety: which etcd keys exist, which keys the device holds, which I/O gates are open.
 //! Everything runs exhaustively (BFS) from one initial state:
 //!
 //! - 2 nodes, 2 controllers, 1 arena. `n0` is starting (joined, registered, about to
 //!   `claim_arena`); `n1` is active and owns and writes `a0`. Both are known (`gen/`).
-//! - etcd is linearizable: every transaction of store.rs is one atomic model step.
+//! - etcd is linearizable: every transaction of store/ is one atomic model step.
 //!   Revisions are modelled only where the code compares them: `mod_revision` of
 //!   `fence_pending`/`fence_done`/`departed` (the sweep's `recheck_intent`) and the
 //!   claim's `create_revision` (the finishing transaction) are per-key stamps that
@@ -35,6 +36,16 @@
 //!   forced: a hung node that keeps writing is the case the protocol exists for.
 //! - Agents die only by `self_fence` or leaving; a crash of the agent process is the
 //!   same as a `self_fence` after its lease expired. Fresh starts are budgeted.
+//! - The host model (`Config::host`, issue 14): the writer is the host's application, a
+//!   process apart from the daemon. A daemon that exits (`self_fence` with
+//!   `--on-fence exit`, or a `daemon restart` by the service manager, budgeted) leaves
+//!   it writing the arenas it had; it writes whenever the device holds the node's key.
+//!   Each host has a boot id, recorded by `join`; a `host reboot` (budgeted) kills the
+//!   daemon and every writer and changes the boot id. An operator's `unfence`
+//!   (budgeted, refused while the node is a member) is modelled with what its audited
+//!   reason attests: the node's daemon and applications were stopped first. Without the
+//!   host model the writer dies with its daemon (every start is as good as one after a
+//!   reboot), which is what the configurations before issue 14 check.
 //! - Not modelled: the audit record, the operator-attested fence, the EBS fencer (its
 //!   detach+poll is the same sever/verify pair), the agent unregistering its own key
 //!   (folded into `depart`), `drop_stale` as a separate transaction (it is guarded by
@@ -42,23 +53,27 @@
 //!
 //! | model action | implementation step (FenceStep / agent / watch names) | where |
 //! |---|---|---|
-//! | `n: join` | `join` + `read_own_generation` (one txn: membership on lease, drops `fence_pending`, `fence_done`, `departed`; refused while claimed) | store.rs `join` |
-//! | `n: unfence` | `unfence` (register key, WERO if none) | agent.rs `unfence` |
-//! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent.rs `claim_arenas` |
-//! | `n: quiesce` | `quiesce` | agent.rs `leave` |
-//! | `n: release_own_arenas` | `release_own_arenas` | store.rs `release_arena` |
-//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store.rs `depart` |
-//! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent.rs `run` |
+//! | `n: join` | `join` + `read_own_generation` (one txn: membership on lease, drops `fence_pending`, `fence_done`, `departed`; refused while claimed) | store/membership.rs `join` |
+//! | `n: unfence` | `unfence` (register key, WERO if none; host model: the boot id of the registration is recorded first) | agent/mod.rs `unfence` |
+//! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent/mod.rs `claim_arenas` |
+//! | `n: quiesce` | `quiesce` | agent/mod.rs `leave` |
+//! | `n: release_own_arenas` | `release_own_arenas` | store/arenas.rs `release_arena` (agent/leave.rs `leave_steps`) |
+//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store/membership.rs `depart` |
+//! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent/mod.rs `run` |
+//! | `n: refuse_restart` | `refuse_restart`: at start (fenced since the last join, same boot, no `unfence`: exit before `join`), or at `unfence` (key gone, this boot registered it already, no `unfence`: exit unregistered) | agent/mod.rs `start` |
+//! | `n: daemon restart` | the service manager stops the daemon (its writer keeps running) | — |
+//! | `n: host reboot` | reboot: new boot id, writers gone | — |
+//! | `operator: unfence` | `fenced unfence --node-id N --reason ...` (refused while N is a member) | ops/ |
 //! | `etcd: lease_expired` | `lease_expired` | etcd |
 //! | `c: watch_delete` | `watch_delete` | controller.rs `watch_loop` |
 //! | `c: watch_compacted` | `watch_compacted` | controller.rs `watch_loop` |
 //! | `c: watch_resume` | `watch_resume` | controller.rs `watch_loop` |
-//! | `c: sweep` | `sweep` (+ `drop_stale`) | controller.rs `sweep_once`, core.rs `plan_sweep` |
-//! | `c: fence [record_intent, claim, recheck_intent?, read_generation]` | the claim txn | store.rs `claim` |
+//! | `c: sweep` | `sweep` (+ `drop_stale`) | controller.rs `sweep_once`, core/sweep.rs `plan_sweep` |
+//! | `c: fence [record_intent, claim, recheck_intent?, read_generation]` | the claim txn | store/fence.rs `claim` |
 //! | `c: fence [sever]` | `sever` | fencer/nvme.rs |
 //! | `c: fence [verify]` | `verify` | fencer/nvme.rs |
-//! | `c: fence [bump, mark_done, clear_intent, release_arenas?, release_claim]` | the finishing txn | store.rs `finish` |
-//! | `c: fence aborted [release_claim]` | abort txn (intent stays) | store.rs `abort` |
+//! | `c: fence [bump, mark_done, clear_intent, release_arenas?, release_claim]` | the finishing txn | store/fence.rs `finish` |
+//! | `c: fence aborted [release_claim]` | abort txn (intent stays) | store/fence.rs `abort` |
 //!
 //! Findings against the code at 9866c49 (each has a test below that makes the
 //! checker find it, and [`Protocol::SAFE`] has the fix):
@@ -70,6 +85,31 @@
 //! 3. `claim_arenas` adopts `owned_arenas` by a plain read: a node whose lease expired
 //!    between `join` and `unfence` registers after the fence verified, adopts its old
 //!    arena, and writes it after the fence released it (invariant 1).
+//!
+//! Issue 14, part 1 (invariant 6), against the code before it: a restarted daemon
+//! joins and registers its key regardless of an earlier fence, so the application
+//! its previous instance fed, still running, writes into an arena already handed to
+//! another node (invariant 1). [`Protocol::SAFE`] refuses such a start
+//! (`refuse_restart_after_fence`). Finding 4 against issue 14's rule as written (the
+//! check at start only): an instance that joined before the fence passes the start
+//! check and registers after the fence verified; the earlier instance's application
+//! writes into the freed arena. [`Protocol::SAFE`] also registers at most once per
+//! boot (`register_once_per_boot`, fence_scsi's rule: an instance that finds its key
+//! gone on a boot that registered it already exits unregistered).
+//!
+//! Finding 5, issue 14 part 4 (open): `quiesce` stops only this instance's writes; an
+//! application an earlier instance left running still writes the arena `leave` gives
+//! back. `unregister_before_release` closes it (not in [`Protocol::SAFE`] until the
+//! code does it).
+//!
+//! Invariant 6 is checked for what it protects (no writer of the fenced host writes
+//! again: I1 with writers that outlive their daemon), not literally. The first
+//! registration on a new boot, or the first after an operator's `unfence`, can race a
+//! fence (the device call and the etcd check are not one step) and land after it; no
+//! writer exists then to use the key (writers start only from an instance that
+//! registered, and its `claim_arena` needs live membership), and every later start on
+//! that boot is refused. (A scratch ghost property for the literal reading reported
+//! such traces as its first counter-examples; it is not kept, as it does not hold.)
 
 #[path = "protocol_model/model.rs"]
 mod model;
@@ -90,6 +130,9 @@ const NONE: Budget = Budget {
     sever_failures: 0,
     claim_expiries: 0,
     watch_faults: 0,
+    daemon_restarts: 0,
+    reboots: 0,
+    unfences: 0,
 };
 
 fn cfg(protocol: Protocol, budget: Budget) -> Config {
@@ -98,8 +141,26 @@ fn cfg(protocol: Protocol, budget: Budget) -> Config {
         protocol,
         budget,
         start_expired: false,
+        host: false,
     }
 }
+
+/// The host model: writers outlive their daemon; boot ids, reboots and `unfence`.
+fn host_cfg(protocol: Protocol, budget: Budget) -> Config {
+    Config {
+        host: true,
+        ..cfg(protocol, budget)
+    }
+}
+
+/// One expiry, one fresh start, one daemon restart, one reboot, one operator unfence.
+const HOST: Budget = Budget {
+    restarts: 1,
+    daemon_restarts: 1,
+    reboots: 1,
+    unfences: 1,
+    ..NONE
+};
 
 struct Outcome {
     unique: usize,
@@ -288,6 +349,31 @@ fn single_signal_mode_never_releases_arenas() {
     o.assert_safe(&[S_FENCED]);
     assert!(!o.discovered.contains(S_ARENA_REASSIGNED));
     assert_eq!((o.unique, o.total), (4_853, 15_170), "state count changed");
+}
+
+// ---------------------------------------------------------------- writers outliving their daemon
+
+/// Invariant 6. n1's application outlives its daemon (`self_fence` or a restart by
+/// the service manager); after n1 is fenced and `a0` handed to n0, a fresh start on
+/// the same boot is refused, and n1 registers again only after its host rebooted or an
+/// operator stopped the application and ran `unfence`.
+#[test]
+fn safe_when_writers_outlive_daemon_restarts() {
+    let o = check(host_cfg(Protocol::SAFE, HOST));
+    o.assert_safe(&[
+        S_FENCED,
+        S_ARENA_REASSIGNED,
+        S_RESTART_REFUSED,
+        S_UNFENCE_REJOIN,
+        S_REBOOT_REJOIN,
+    ]);
+    assert!(
+        o.model
+            .properties()
+            .iter()
+            .any(|p| p.name == I1_FENCED_NO_WRITE)
+    );
+    assert_eq!((o.unique, o.total), (14_926, 51_203), "state count changed");
 }
 
 // ---------------------------------------------------------------- liveness
@@ -576,4 +662,112 @@ fn adoption_by_plain_read_lets_a_fenced_instance_write() {
     let steps = find(config(without), I1_FENCED_NO_WRITE).expect("stale writer");
     assert!(steps.iter().any(|s| s.contains("unfence")));
     assert!(find(config(Protocol::SAFE), I1_FENCED_NO_WRITE).is_none());
+}
+
+/// Issue 14, part 1 (invariant 6): the code before it let a restarted daemon join and
+/// register its key regardless. The application its previous instance fed kept
+/// running, so it writes again into `a0`, already handed to n0 (invariant 1).
+#[test]
+fn restart_that_registers_regardless_lets_the_old_writer_write() {
+    let old = Protocol {
+        refuse_restart_after_fence: false,
+        register_once_per_boot: false,
+        ..Protocol::SAFE
+    };
+    let steps = find(host_cfg(old, HOST), I1_ARENA).expect("stale writer after a restart");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    // Fenced (arena freed), then a fresh start on the same boot registers the key.
+    let bump = at("[bump").expect("a fence completed");
+    let join = at("n1: join").expect("n1 started again");
+    assert!(bump < join, "{steps:?}");
+    assert!(at("n1: unfence").is_some(), "{steps:?}");
+    assert!(
+        at("reboot").is_none() && at("operator").is_none(),
+        "{steps:?}"
+    );
+    assert!(find(host_cfg(old, HOST), I1_FENCED_NO_WRITE).is_some());
+    // The refusal closes it, same budget: the one at start (issue 14's rule) alone...
+    let start_check_only = Protocol {
+        refuse_restart_after_fence: true,
+        ..old
+    };
+    assert!(find(host_cfg(start_check_only, HOST), I1_ARENA).is_none());
+    // ... and with the one at `unfence` (SAFE).
+    assert!(find(host_cfg(Protocol::SAFE, HOST), I1_ARENA).is_none());
+    // Without the host model (the writer dies with its daemon) the old code is safe:
+    // the finding needs the writer that outlives the daemon.
+    let no_host = Budget {
+        daemon_restarts: 0,
+        reboots: 0,
+        unfences: 0,
+        ..HOST
+    };
+    assert!(find(cfg(old, no_host), I1_ARENA).is_none());
+}
+
+/// Finding 4 (invariant 6): the refusal at start alone is not enough. An instance
+/// that joined before the fence (so the start check passed) registers its key after
+/// the fence verified, and the application an earlier instance fed, still running,
+/// writes into the arena the fence freed. Registering at most once per boot
+/// (`register_once_per_boot`, fence_scsi's rule) closes it.
+#[test]
+fn instance_joined_before_the_fence_registers_after_it() {
+    let start_check_only = Protocol {
+        register_once_per_boot: false,
+        ..Protocol::SAFE
+    };
+    let budget = Budget {
+        expiries: 2,
+        restarts: 1,
+        ..NONE
+    };
+    let steps = find(host_cfg(start_check_only, budget), I1_ARENA).expect("late registration");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    let join = at("n1: join").expect("n1 started again");
+    let verify = at("[verify]").expect("the fence verified");
+    let unfence = at("n1: unfence").expect("n1 registered");
+    assert!(join < verify && verify < unfence, "{steps:?}");
+    assert!(
+        at("reboot").is_none() && at("operator").is_none(),
+        "{steps:?}"
+    );
+    // Same budget, registration at most once per boot: safe.
+    let o = check(host_cfg(Protocol::SAFE, budget));
+    o.assert_safe(&[S_FENCED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (86_622, 391_273),
+        "state count changed"
+    );
+}
+
+/// Finding 5 (issue 14, part 4): `quiesce` stops only this instance's writes. An
+/// instance that started after its predecessor self-fenced (not fenced yet, so the
+/// restart is allowed) adopts `a0`, leaves, and gives `a0` back while the application
+/// the predecessor fed still writes it. Unregistering the key before
+/// `release_own_arenas` closes it; `Protocol::SAFE` gains that flag when part 4 lands.
+#[test]
+fn leave_with_an_earlier_application_running_is_caught() {
+    let budget = Budget {
+        restarts: 1,
+        departures: 1,
+        ..NONE
+    };
+    let steps = find(host_cfg(Protocol::SAFE, budget), I1_ARENA).expect("stale writer");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    let self_fence = at("n1: self_fence").expect("the first instance exited");
+    let release = at("n1: release_own_arenas").expect("n1 gave a0 back");
+    assert!(self_fence < release, "{steps:?}");
+    assert!(at("[bump").is_none(), "not fenced: {steps:?}");
+    let unregister_first = Protocol {
+        unregister_before_release: true,
+        ..Protocol::SAFE
+    };
+    let o = check(host_cfg(unregister_first, budget));
+    o.assert_safe(&[S_FENCED, S_HONOURED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (44_189, 164_803),
+        "state count changed"
+    );
 }

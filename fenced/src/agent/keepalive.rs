@@ -4,12 +4,15 @@
 use std::time::{Duration, Instant};
 
 use crate::clock::unix_ms;
+use crate::core::attest::LivenessRecord;
 use crate::core::{LeaseReading, lease_reading};
 use crate::node::NodeId;
 use crate::store::EtcdStore;
 
 /// Keeps `lease` alive from the moment it is granted (a slow start must not let it
 /// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone.
+/// After each renewal it records `liveness/<node>` (the lease, its TTL and the
+/// self-fence `margin`: `fenced attest` asks etcd about the lease).
 ///
 /// "When" is the time the renewing request was *sent*: etcd renewed the lease at or
 /// after that instant, so the self-fence margin measured from it never overestimates
@@ -27,6 +30,7 @@ pub(super) fn spawn_keepalive(
     node: NodeId,
     lease: i64,
     ttl: Duration,
+    margin: Duration,
 ) -> (
     tokio::task::JoinHandle<()>,
     tokio::sync::watch::Receiver<(Instant, i64)>,
@@ -93,8 +97,14 @@ pub(super) fn spawn_keepalive(
                         // Best effort, and bounded: a put balanced onto a member that
                         // stopped answering would hold the next renewal for the whole
                         // request timeout (5 s), past a short lease's expiry.
+                        let record = LivenessRecord {
+                            lease,
+                            ttl_ms: millis(ttl),
+                            margin_ms: millis(margin),
+                            unix_ms: unix_ms(),
+                        };
                         let _ =
-                            tokio::time::timeout(renew_every, store.put_liveness(&node, unix_ms()))
+                            tokio::time::timeout(renew_every, store.put_liveness(&node, &record))
                                 .await;
                     }
                 }
@@ -141,4 +151,8 @@ async fn open_keepalive(
         .await
         .ok()
         .and_then(Result::ok)
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }

@@ -260,8 +260,13 @@ impl Agent {
         }
         let lease = store.grant(cfg.ttl).await?;
         let granted_at = Instant::now();
-        let (keepalive, renewals) =
-            spawn_keepalive(store.clone(), cfg.node.clone(), lease, cfg.ttl);
+        let (keepalive, renewals) = spawn_keepalive(
+            store.clone(),
+            cfg.node.clone(),
+            lease,
+            cfg.ttl,
+            cfg.self_fence_margin,
+        );
         let t0 = Instant::now();
         let joined = loop {
             if let Some(j) = store.join(&cfg.node, &cfg.instance, lease).await? {

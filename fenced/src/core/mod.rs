@@ -6,6 +6,7 @@
 //! departure marker is honoured is [`honour_departure`]; the agent's self-fencing
 //! clock is [`Watchdog`] (fed by [`lease_reading`]); whether a stalled controller may
 //! still sever is [`check_claim_age`]; the agent's device checks are [`check_device`].
+//! What `fenced attest` refuses, and when it fences, is [`attest::judge`].
 
 use std::fmt;
 
@@ -63,10 +64,9 @@ impl FenceStep {
     /// The steps the claim transaction performs for `trigger`.
     pub fn claim_txn(trigger: Trigger) -> &'static [FenceStep] {
         match trigger {
-            Trigger::Watch | Trigger::Operator => {
-                &[Self::RecordIntent, Self::Claim, Self::ReadGeneration]
-            }
-            Trigger::Sweep => &[
+            Trigger::Watch => &[Self::RecordIntent, Self::Claim, Self::ReadGeneration],
+            // `fenced attest` guards its claim like the sweep: on the revisions it judged.
+            Trigger::Sweep | Trigger::Operator => &[
                 Self::RecordIntent,
                 Self::Claim,
                 Self::RecheckIntent,
@@ -136,6 +136,7 @@ pub struct Confirmation {
 }
 
 mod agent;
+pub mod attest;
 mod fence;
 mod sweep;
 #[cfg(test)]

@@ -25,6 +25,10 @@ pub struct SweepSnapshot {
     pub claims: BTreeSet<NodeId>,
     /// `instance/<node>`: the instance id each node last joined with.
     pub instances: BTreeMap<NodeId, String>,
+    /// Nodes whose `gen/<node>` exists but does not decode. They stay known: a fence
+    /// is owed when one is not a member (it is then attempted and fails at the
+    /// generation read, never bumping, until the value is repaired).
+    pub unreadable_generations: BTreeSet<NodeId>,
 }
 
 /// Revisions the sweep decided from: the claim transaction compares them, which is the
@@ -70,6 +74,7 @@ pub fn plan_sweep(s: &SweepSnapshot) -> SweepPlan {
     let known: BTreeSet<&NodeId> = s
         .generations
         .keys()
+        .chain(&s.unreadable_generations)
         .chain(s.pending.keys())
         .chain(s.done.keys())
         .chain(s.departed.keys())

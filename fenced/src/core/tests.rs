@@ -333,6 +333,21 @@ fn sweep_plan() {
 }
 
 #[test]
+fn a_node_whose_generation_does_not_decode_is_still_owed_a_fence() {
+    let mut s = SweepSnapshot::default();
+    // n1: `gen/n1` is garbage and n1 is gone: owed (the fence then fails at the
+    // generation read and stays owed; it is never dropped from the sweep).
+    s.unreadable_generations.insert(n("n1"));
+    // n2: garbage generation but a live member: nothing to do.
+    s.unreadable_generations.insert(n("n2"));
+    s.members.insert(n("n2"), "i-2".into());
+    let plan = plan_sweep(&s);
+    let owed: Vec<_> = plan.fence.iter().map(|o| o.victim.node.as_str()).collect();
+    assert_eq!(owed, vec!["n1"]);
+    assert!(plan.drop_stale.is_empty());
+}
+
+#[test]
 fn sweep_victim_instance_falls_back_to_the_one_recorded_at_join() {
     let mut s = SweepSnapshot::default();
     // n1: gone before any intent: only `instance/` knows its attachment.

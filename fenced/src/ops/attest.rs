@@ -1,18 +1,30 @@
 //! `fenced attest`: an operator-attested fence. The operator confirmed out of band
-//! that the node is gone and supplies the second confirmation; [`check`] refuses
-//! while the node is a member or renewed its liveness recently.
+//! that the node is gone and supplies the second confirmation. What is refused and
+//! when is [`fenced::core::attest::judge`], a pure function of what etcd shows
+//! ([`EtcdStore::attest_view`](fenced::store::EtcdStore::attest_view)); this file does
+//! the I/O: read, judge, wait out the node's self-fence margin or preempt its key on
+//! the shared device, then fence through the controller (claim guarded by the
+//! revisions judged, so nothing that changed since is acted on).
+//!
+//! Exit status: 0 when fenced, and 0 when the node was already fenced since its last
+//! membership (the line says "already fenced at generation G"; nothing is written);
+//! 1 when refused or not completed.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
-use fenced::core::{FenceState, Trigger, Victim};
-use fenced::fencer::AttestedFencer;
+use fenced::core::attest::{AttestRequest, Refusal, Verdict, judge};
+use fenced::core::{Confirmation, FenceState, Trigger, Victim};
+use fenced::fencer::{AttestedFencer, BoxFuture, FenceError, Fencer, NvmeFencer, PreemptMode};
 use fenced::store::ClaimGuard;
+use nvme_resv::Key;
 
 use super::OpError;
-use crate::config::EtcdArgs;
+use crate::config::{EtcdArgs, PreemptArg};
+use crate::daemon::{DaemonError, open_device};
 
 #[derive(Debug, clap::Args)]
 pub struct AttestArgs {
@@ -27,66 +39,125 @@ pub struct AttestArgs {
     /// Who attests (default $USER).
     #[arg(long, env = "USER", default_value = "operator")]
     operator: String,
-    /// Refuse when the node renewed its liveness less than this many seconds ago.
-    #[arg(long, default_value = "30")]
-    fresh_secs: u64,
-    /// Fence even if its liveness is fresh (you are certain).
+    /// Fence even if its liveness is unknown (no record) or its agent's lease is
+    /// still alive in etcd (you are certain). Never overrides "unknown node", "still a
+    /// member", "being fenced" or "already fenced".
+    #[arg(long, alias = "force-ignore-liveness")]
+    force: bool,
+    /// This host can reach the shared namespace: preempt NODE's reservation key here
+    /// and require the report to show it gone before fencing (needs --own-node-id).
     #[arg(long)]
-    force_ignore_liveness: bool,
+    block_device: Option<PathBuf>,
+    /// With --block-device: the node id this host's fenced runs as; its registered key
+    /// preempts NODE's.
+    #[arg(long, env = "FENCED_NODE_ID")]
+    own_node_id: Option<String>,
+    /// With --block-device: the Reservation Acquire action.
+    #[arg(long, value_enum, default_value = "preempt-and-abort")]
+    preempt: PreemptArg,
 }
 
-/// Why an attestation is refused (by [`check`]) or did not complete.
+/// Why an attestation is refused or did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum AttestError {
     #[error("--reason must describe your out-of-band evidence")]
     NoReason,
-    #[error("refusing to fence {node}: it is still a member (membership key present)")]
-    StillMember { node: NodeId },
+    #[error(transparent)]
+    Refused(#[from] Refusal),
     #[error(
-        "refusing to fence {node}: it renewed its liveness {age_s}s ago (< {fresh_s}s); use --force-ignore-liveness if you are certain"
+        "--block-device needs --own-node-id (or FENCED_NODE_ID): the node this host runs as, whose registered key preempts"
     )]
-    LivenessFresh {
-        node: NodeId,
-        age_s: u64,
-        fresh_s: u64,
+    NoOwnNode,
+    #[error("refusing to fence {node} from its own host (--own-node-id is the node attested)")]
+    OwnNode { node: NodeId },
+    #[error(transparent)]
+    Device(#[from] DaemonError),
+    #[error(
+        "refusing to preempt from {}: this host's key {:#x} (node {own}) is not registered on it; run attest on a host whose fenced daemon is running with this device",
+        path.display(),
+        key.0
+    )]
+    NotRegistered {
+        path: PathBuf,
+        own: NodeId,
+        key: Key,
     },
-    #[error("fence of {node} not completed: {state:?}")]
-    NotCompleted { node: NodeId, state: FenceState },
+    #[error("cannot read the reservation report of {}: {source}", path.display())]
+    Report {
+        path: PathBuf,
+        #[source]
+        source: nvme_resv::Error,
+    },
+    #[error("fence of {node} not completed: {what}; the fence stays owed (`fenced status`), retry")]
+    NotCompleted { node: NodeId, what: String },
 }
 
-/// What the store says about the node an operator attests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Observed {
-    /// Its membership key is present.
-    pub member: bool,
-    /// Its last liveness renewal (Unix ms), if any was ever recorded.
-    pub liveness_ms: Option<u64>,
+/// The attestation as a [`Fencer`]: when the attesting host has the shared device,
+/// the victim's key is preempted and verified gone first; the confirmation records
+/// both that device evidence and the operator's words (and the liveness judged).
+#[derive(Debug)]
+struct Attestation {
+    attested: AttestedFencer,
+    liveness: String,
+    device: Option<NvmeFencer>,
 }
 
-/// The attest rule, pure: refused while `node` is a member (even with `force`), or
-/// when it renewed its liveness less than `fresh_secs` before `now_ms` (unless
-/// `force`). A liveness stamp in the future counts as age 0.
-pub fn check(
-    node: &NodeId,
-    seen: Observed,
-    now_ms: u64,
-    fresh_secs: u64,
-    force: bool,
-) -> Result<(), AttestError> {
-    if seen.member {
-        return Err(AttestError::StillMember { node: node.clone() });
-    }
-    if let Some(ms) = seen.liveness_ms {
-        let age_s = now_ms.saturating_sub(ms) / 1000;
-        if age_s < fresh_secs && !force {
-            return Err(AttestError::LivenessFresh {
-                node: node.clone(),
-                age_s,
-                fresh_s: fresh_secs,
-            });
+impl Fencer for Attestation {
+    fn name(&self) -> &'static str {
+        if self.device.is_some() {
+            "operator+nvme"
+        } else {
+            "operator"
         }
     }
-    Ok(())
+
+    fn fence<'a>(&'a self, victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
+        Box::pin(async move {
+            let device = match &self.device {
+                Some(nvme) => Some(nvme.fence(victim).await?),
+                None => None,
+            };
+            let attested = self.attested.fence(victim).await?;
+            let mut evidence = format!("{}; liveness: {}", attested.evidence, self.liveness);
+            if let Some(d) = device {
+                evidence = format!("{evidence}; {}: {}", d.fencer, d.evidence);
+            }
+            Ok(Confirmation {
+                fencer: self.name().to_owned(),
+                severed: true,
+                evidence,
+            })
+        })
+    }
+}
+
+/// Opens `path` and checks that `own`'s key is registered there (a read), so a host
+/// that could not preempt is refused before any command that changes the device.
+async fn device_fencer(
+    path: PathBuf,
+    own: NodeId,
+    mode: PreemptMode,
+) -> Result<NvmeFencer, AttestError> {
+    let key = nvme_resv::key_for_node(own.as_str());
+    let p = path.clone();
+    let (device, report) = tokio::task::spawn_blocking(move || {
+        let device = open_device(&p)?;
+        let report = device.report();
+        Ok::<_, DaemonError>((device, report))
+    })
+    .await
+    .map_err(|e| AttestError::NotCompleted {
+        node: own.clone(),
+        what: format!("device task failed: {e}"),
+    })??;
+    let report = report.map_err(|source| AttestError::Report {
+        path: path.clone(),
+        source,
+    })?;
+    if !report.is_registered(key) {
+        return Err(AttestError::NotRegistered { path, own, key });
+    }
+    Ok(NvmeFencer::new(device, key, mode))
 }
 
 pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
@@ -94,124 +165,193 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
     if args.reason.trim().is_empty() {
         return Err(AttestError::NoReason.into());
     }
+    let own = match (&args.block_device, &args.own_node_id) {
+        (None, _) => None,
+        (Some(_), None) => return Err(AttestError::NoOwnNode.into()),
+        (Some(_), Some(o)) => Some(NodeId::new(o)?),
+    };
+    if own.as_ref() == Some(&node) {
+        return Err(AttestError::OwnNode { node }.into());
+    }
     let store = super::connect(&args.etcd).await?;
-    let (liveness_ms, member) = store
-        .liveness(&node)
+    let (view, _) = store
+        .attest_view(&node)
         .await
-        .map_err(OpError::store("read the node's liveness"))?;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0));
-    check(
-        &node,
-        Observed {
-            member,
-            liveness_ms,
-        },
-        now_ms,
-        args.fresh_secs,
-        args.force_ignore_liveness,
-    )?;
-    let instance = store
-        .intent_instance(&node)
-        .await
-        .map_err(OpError::store("read the node's instance"))?;
+        .map_err(OpError::store("read the node's records"))?;
+    let req = AttestRequest {
+        force: args.force,
+        device_fence: args.block_device.is_some(),
+    };
+    let (victim, guard, wait, liveness) = match judge(&node, &view, req)
+        .map_err(AttestError::from)?
+    {
+        Verdict::AlreadyFenced { generation, arenas } => {
+            println!("{node} already fenced at generation {generation}: nothing done");
+            if arenas > 0 {
+                eprintln!(
+                    "fenced: {node} still owns {arenas} arena(s): its fence was single-signal (no severance confirmed), so they were not released"
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        Verdict::Fence {
+            victim,
+            guard,
+            wait,
+            liveness,
+        } => (victim, guard, wait, liveness),
+    };
+    let device = match (args.block_device, own) {
+        (Some(path), Some(own)) => {
+            let mode = match args.preempt {
+                PreemptArg::Preempt => PreemptMode::Preempt,
+                PreemptArg::PreemptAndAbort => PreemptMode::PreemptAndAbort,
+            };
+            Some(device_fencer(path, own, mode).await?)
+        }
+        _ => None,
+    };
+    if !wait.is_zero() {
+        eprintln!(
+            "fenced: {node}'s lease is gone from etcd; waiting {:.1}s (its self-fence margin minus its lease TTL) so its agent has stopped writing",
+            wait.as_secs_f32()
+        );
+        tokio::time::sleep(wait).await;
+    }
     let operator = args.operator;
-    let fencer = Arc::new(AttestedFencer {
-        operator: operator.clone(),
-        reason: args.reason,
+    let fencer = Arc::new(Attestation {
+        attested: AttestedFencer {
+            operator: operator.clone(),
+            reason: args.reason,
+        },
+        liveness,
+        device,
     });
     let controller = Controller::new(
         store,
         fencer,
         ControllerConfig::new(format!("attest/{operator}")),
     );
+    // Guarded by the revisions judged: a fence, an intent, a departure or a join since
+    // the read refuses the claim instead of bumping a second time.
     let state = controller
-        .fence(
-            Victim {
-                node: node.clone(),
-                instance,
-            },
-            Trigger::Operator,
-            // An attestation is its own trigger: there is no DELETE to anchor the
-            // fence-mark guard to, and the operator asked for this fence explicitly.
-            ClaimGuard::IgnoreDeparture {
-                deleted_rev: i64::MAX,
-            },
-        )
+        .fence(victim, Trigger::Operator, ClaimGuard::Sweep(guard))
         .await;
     match state {
         FenceState::Fenced { generation } => {
             println!("fenced {node}: generation now {generation} (attested by {operator})");
             Ok(ExitCode::SUCCESS)
         }
-        state => Err(AttestError::NotCompleted { node, state }.into()),
+        FenceState::Skipped { why } => Err(AttestError::NotCompleted {
+            node,
+            what: format!("its records changed since they were read ({why})"),
+        }
+        .into()),
+        FenceState::Failed { step, error } => Err(AttestError::NotCompleted {
+            node,
+            what: format!("{step} failed: {error}"),
+        }
+        .into()),
+        state => Err(AttestError::NotCompleted {
+            node,
+            what: format!("{state:?}"),
+        }
+        .into()),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use nvme_resv::model::Namespace;
+    use nvme_resv::{HostId, Register, RegisterAction, Reservations};
+
     use super::*;
 
-    const NOW: u64 = 1_800_000_000_000;
-
-    fn n1() -> NodeId {
-        NodeId::new("n1").unwrap()
+    fn host(ns: &Namespace, node: &str) -> nvme_resv::model::Host {
+        let mut id = [0u8; 16];
+        id[..8].copy_from_slice(&nvme_resv::key_for_node(node).0.to_be_bytes());
+        let h = ns.host(HostId(id));
+        h.register(&Register {
+            rrega: RegisterAction::Register,
+            crkey: Key(0),
+            nrkey: nvme_resv::key_for_node(node),
+            iekey: false,
+            cptpl: nvme_resv::Cptpl::NoChange,
+        })
+        .unwrap();
+        h
     }
 
-    fn gone(liveness_ms: Option<u64>) -> Observed {
-        Observed {
-            member: false,
-            liveness_ms,
+    fn attestation(device: Option<NvmeFencer>) -> Attestation {
+        Attestation {
+            attested: AttestedFencer {
+                operator: "alice".into(),
+                reason: "n2 powered off at the PDU".into(),
+            },
+            liveness: "lease 0x1 gone from etcd".into(),
+            device,
         }
     }
 
-    #[test]
-    fn a_member_is_refused_even_with_force() {
-        let seen = Observed {
-            member: true,
-            liveness_ms: Some(NOW - 3_600_000),
-        };
-        for force in [false, true] {
-            let e = check(&n1(), seen, NOW, 30, force).unwrap_err();
-            assert!(matches!(e, AttestError::StillMember { .. }), "{e}");
-            assert!(e.to_string().contains("still a member"), "{e}");
+    fn n2() -> Victim {
+        Victim {
+            node: NodeId::new("n2").unwrap(),
+            instance: String::new(),
         }
     }
 
-    #[test]
-    fn fresh_liveness_is_refused_unless_forced() {
-        let e = check(&n1(), gone(Some(NOW - 29_999)), NOW, 30, false).unwrap_err();
+    #[tokio::test]
+    async fn with_the_device_the_key_is_preempted_first_and_both_are_recorded() {
+        let ns = Namespace::new();
+        let h1 = host(&ns, "n1");
+        host(&ns, "n2");
+        let nvme = NvmeFencer::new(
+            Arc::new(h1),
+            nvme_resv::key_for_node("n1"),
+            PreemptMode::default(),
+        );
+        let a = attestation(Some(nvme));
+        assert_eq!(a.name(), "operator+nvme");
+        let c = a.fence(&n2()).await.unwrap();
+        assert!(!ns.snapshot().is_registered(nvme_resv::key_for_node("n2")));
+        assert!(c.severed);
         assert!(
-            matches!(
-                e,
-                AttestError::LivenessFresh {
-                    age_s: 29,
-                    fresh_s: 30,
-                    ..
-                }
-            ),
-            "{e}"
+            c.evidence
+                .starts_with("attested by alice: n2 powered off at the PDU; liveness: lease 0x1"),
+            "{}",
+            c.evidence
         );
         assert!(
-            e.to_string().contains("renewed its liveness 29s ago"),
-            "{e}"
+            c.evidence.contains("; nvme: key ") && c.evidence.contains("absent from report"),
+            "{}",
+            c.evidence
         );
-        check(&n1(), gone(Some(NOW - 29_999)), NOW, 30, true).unwrap();
     }
 
-    #[test]
-    fn stale_or_absent_liveness_is_accepted() {
-        check(&n1(), gone(Some(NOW - 30_000)), NOW, 30, false).unwrap();
-        check(&n1(), gone(None), NOW, 30, false).unwrap();
+    #[tokio::test]
+    async fn a_preempt_that_fails_fails_the_attestation() {
+        let ns = Namespace::new();
+        // n1 is not registered: its preempt is a Reservation Conflict.
+        let h1 = ns.host(HostId([1; 16]));
+        host(&ns, "n2");
+        let nvme = NvmeFencer::new(
+            Arc::new(h1),
+            nvme_resv::key_for_node("n1"),
+            PreemptMode::default(),
+        );
+        let e = attestation(Some(nvme)).fence(&n2()).await.unwrap_err();
+        assert!(e.to_string().starts_with("sever failed"), "{e}");
+        assert!(ns.snapshot().is_registered(nvme_resv::key_for_node("n2")));
     }
 
-    #[test]
-    fn a_stamp_from_the_future_counts_as_fresh() {
-        let e = check(&n1(), gone(Some(NOW + 5_000)), NOW, 30, false).unwrap_err();
-        assert!(
-            matches!(e, AttestError::LivenessFresh { age_s: 0, .. }),
-            "{e}"
+    #[tokio::test]
+    async fn without_the_device_the_operator_and_the_liveness_are_recorded() {
+        let a = attestation(None);
+        assert_eq!(a.name(), "operator");
+        let c = a.fence(&n2()).await.unwrap();
+        assert_eq!(
+            c.evidence,
+            "attested by alice: n2 powered off at the PDU; liveness: lease 0x1 gone from etcd"
         );
     }
 }

@@ -1,7 +1,10 @@
-//! The operator commands: `status`, `probe`, `attest`, `leave`. Each connects (when it
-//! needs etcd) with [`connect`], waiting at most [`CLI_ETCD_WAIT`].
+//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`.
+//! Each connects (when it needs etcd) with [`connect`], waiting at most
+//! [`CLI_ETCD_WAIT`].
 
 pub mod attest;
+pub mod audit;
+pub mod check;
 pub mod leave;
 pub mod probe;
 pub mod status;

@@ -1,10 +1,14 @@
-//! `fenced status`: members, generations, owed fences, claims and arenas.
+//! `fenced status`: one row per node (member, lease renewal, generation, owed fence
+//! and why, claim holder, last fence and by whom, arenas), from one read; `-o json`
+//! is the stable document of fenced/README.md ("Stable JSON").
 
 use std::process::ExitCode;
 
 use clap::ValueEnum;
+use fenced::store::{NodeRow, Status};
 
 use super::OpError;
+use super::audit::{JSON_VERSION, fmt_unix_ms, now_unix_ms};
 use crate::config::EtcdArgs;
 
 /// Output format.
@@ -29,24 +33,14 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
         .status()
         .await
         .map_err(OpError::store("read the cluster status"))?;
+    let now = now_unix_ms();
     match args.output {
-        Output::Json => println!("{}", serde_json::to_string_pretty(&s).unwrap_or_default()),
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&json(&s, now)).unwrap_or_default()
+        ),
         Output::Text => {
-            println!("members:       {}", fmt_pairs(&s.members));
-            let gens: Vec<String> = s
-                .generations
-                .iter()
-                .map(|(n, g)| format!("{n}={g}"))
-                .collect();
-            println!("generations:   {}", gens.join(" "));
-            println!("owed fences:   {}", fmt_pairs(&s.owed));
-            let done: Vec<String> = s.done.iter().map(|(n, g)| format!("{n}={g}")).collect();
-            println!("fenced (done): {}", done.join(" "));
-            println!("claims:        {}", fmt_pairs(&s.claims));
-            println!("departed:      {}", s.departed.join(" "));
-            println!("arenas:        {}", fmt_pairs(&s.arenas));
-            println!("free arenas:   {}", s.free_arenas.join(" "));
-            println!("audit records: {}", s.audit_records);
+            print!("{}", text(&s, now));
             // The shared namespace recorded by the first join (what every join and
             // NVMe fence compares its device with).
             let ns = store
@@ -54,7 +48,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
                 .await
                 .map_err(OpError::store("read the recorded namespace"))?;
             println!(
-                "namespace:     {}",
+                "namespace: {}",
                 ns.map_or_else(|| "(none recorded)".to_owned(), |n| n.to_string())
             );
         }
@@ -62,9 +56,215 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn fmt_pairs(p: &[(String, String)]) -> String {
-    p.iter()
-        .map(|(a, b)| format!("{a}({b})"))
-        .collect::<Vec<_>>()
-        .join(" ")
+/// The stable JSON document (version [`JSON_VERSION`]).
+pub fn json(s: &Status, now_ms: u64) -> serde_json::Value {
+    let owners: serde_json::Map<String, serde_json::Value> = s
+        .arenas
+        .iter()
+        .map(|(a, n)| (a.clone(), n.clone().into()))
+        .collect();
+    serde_json::json!({
+        "version": JSON_VERSION,
+        "revision": s.revision,
+        "read_at_unix_ms": now_ms,
+        "nodes": s.nodes,
+        "arena_owners": owners,
+        "free_arenas": s.free_arenas,
+        "audit_records": s.audit_records,
+        "malformed": s.malformed,
+    })
+}
+
+/// "3.2s ago", "5m ago".
+fn ago(now_ms: u64, then_ms: u64) -> String {
+    let d = now_ms.saturating_sub(then_ms);
+    match d {
+        0..10_000 => format!("{:.1}s ago", d as f64 / 1000.0),
+        10_000..120_000 => format!("{}s ago", d / 1000),
+        120_000..7_200_000 => format!("{}m ago", d / 60_000),
+        _ => format!("{}h ago", d / 3_600_000),
+    }
+}
+
+fn cells(node: &str, r: &NodeRow, now_ms: u64) -> Vec<String> {
+    let dash = || "-".to_owned();
+    let member = match (r.member, r.departed) {
+        (true, _) => "yes".to_owned(),
+        (false, true) => "departed".to_owned(),
+        (false, false) => "no".to_owned(),
+    };
+    let owed = r.owed.as_ref().map_or_else(dash, |o| {
+        let since = o.since_unix_ms.map_or_else(
+            || "age unknown".to_owned(),
+            |t| format!("renewed {}", ago(now_ms, t)),
+        );
+        let intent = if o.intent_recorded {
+            ", intent recorded"
+        } else {
+            ""
+        };
+        format!("OWED ({since}{intent}): {}", o.why)
+    });
+    let last = r.last_fence.as_ref().map_or_else(dash, |f| {
+        format!(
+            "{} -> {} at {} by {} ({}, {})",
+            f.generation_before,
+            f.generation_after,
+            fmt_unix_ms(f.unix_ms),
+            f.by,
+            f.trigger,
+            f.result
+        )
+    });
+    let failed = match (&r.last_failure, r.failed_attempts) {
+        (Some(f), n) => format!("{n}, last at {} by {}", fmt_unix_ms(f.unix_ms), f.by),
+        (None, _) => dash(),
+    };
+    vec![
+        node.to_owned(),
+        member,
+        r.generation
+            .map_or_else(|| "?".to_owned(), |g| g.to_string()),
+        r.instance.clone().unwrap_or_else(dash),
+        r.last_renewal_unix_ms.map_or_else(dash, |t| ago(now_ms, t)),
+        owed,
+        r.claim_holder.clone().unwrap_or_else(dash),
+        last,
+        failed,
+        if r.arenas.is_empty() {
+            dash()
+        } else {
+            r.arenas.join(",")
+        },
+    ]
+}
+
+/// The text view: a summary line, one row per node, then free arenas and malformed
+/// records. The first three columns (node, member, generation) never contain a space,
+/// so scripts can read them with `awk '$1 == "n3" { print $3 }'`.
+pub fn text(s: &Status, now_ms: u64) -> String {
+    let members = s.nodes.values().filter(|r| r.member).count();
+    let owed = s.nodes.values().filter(|r| r.owed.is_some()).count();
+    let mut out = format!(
+        "revision {}: {} node(s), {members} member(s), {owed} owed fence(s), {} audit record(s), {} malformed record(s)\n",
+        s.revision,
+        s.nodes.len(),
+        s.audit_records,
+        s.malformed.len()
+    );
+    let mut table = vec![
+        [
+            "NODE",
+            "MEMBER",
+            "GEN",
+            "INSTANCE",
+            "RENEWED",
+            "OWED",
+            "CLAIM",
+            "LAST FENCE",
+            "FAILED",
+            "ARENAS",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    table.extend(s.nodes.iter().map(|(n, r)| cells(n, r, now_ms)));
+    let widths: Vec<usize> = (0..table[0].len())
+        .map(|c| {
+            table
+                .iter()
+                .map(|row| row[c].chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in &table {
+        let line: Vec<String> = row
+            .iter()
+            .zip(&widths)
+            .map(|(cell, w)| format!("{cell:<w$}"))
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out.push_str(&format!(
+        "free arenas: {}\n",
+        if s.free_arenas.is_empty() {
+            "-".to_owned()
+        } else {
+            s.free_arenas.join(" ")
+        }
+    ));
+    for m in &s.malformed {
+        out.push_str(&format!("malformed: {} ({}; {})\n", m.key, m.why, m.effect));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use fenced::store::{FenceSummary, Owed};
+
+    use super::*;
+
+    /// The JSON document is a documented, versioned format (fenced/README.md, "Stable
+    /// JSON"): renaming or dropping a field must fail here and bump the version.
+    #[test]
+    fn json_fields_are_the_documented_ones() {
+        let fence = FenceSummary {
+            unix_ms: 1,
+            by: "c1".into(),
+            trigger: "sweep".into(),
+            fencer: "nvme".into(),
+            result: "confirmed".into(),
+            generation_before: 0,
+            generation_after: 1,
+        };
+        let row = NodeRow {
+            owed: Some(Owed {
+                why: "w".into(),
+                intent_recorded: true,
+                in_progress_by: None,
+                since_unix_ms: Some(1),
+            }),
+            last_fence: Some(fence.clone()),
+            last_failure: Some(fence),
+            ..NodeRow::default()
+        };
+        let mut s = Status::default();
+        s.nodes.insert("n1".into(), row);
+        let doc = json(&s, 5);
+        let keys = |v: &serde_json::Value| {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k.join(" ")
+        };
+        assert_eq!(doc["version"], 1);
+        assert_eq!(
+            keys(&doc),
+            "arena_owners audit_records free_arenas malformed nodes read_at_unix_ms revision version"
+        );
+        let n1 = &doc["nodes"]["n1"];
+        assert_eq!(
+            keys(n1),
+            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms lease_ttl_ms member owed"
+        );
+        assert_eq!(
+            keys(&n1["owed"]),
+            "in_progress_by intent_recorded since_unix_ms why"
+        );
+        assert_eq!(
+            keys(&n1["last_fence"]),
+            "by fencer generation_after generation_before result trigger unix_ms"
+        );
+        let text = text(&s, 5);
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.starts_with("n1 "))
+            .unwrap()
+            .split_whitespace()
+            .collect();
+        assert_eq!(&row[..3], ["n1", "no", "?"], "{text}");
+        assert!(row.contains(&"OWED"), "{text}");
+    }
 }

@@ -345,6 +345,8 @@ impl FenceStore for MemStore {
                 .collect(),
             claims: s.claims.keys().cloned().collect(),
             instances: s.instances.clone(),
+            // The twin stores generations as numbers: none can be unreadable.
+            unreadable_generations: Default::default(),
         };
         Ok((snap, s.revision))
     }

@@ -41,7 +41,9 @@ pub enum StoreError {
         source: etcd_client::Error,
     },
     /// A stored value does not parse.
-    #[error("malformed value at {key}: {what}")]
+    #[error(
+        "malformed value at {key}: {what} (repair or delete the key with etcdctl; `fenced status` lists every malformed record)"
+    )]
     Malformed {
         /// The key.
         key: String,

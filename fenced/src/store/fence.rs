@@ -5,7 +5,9 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
-use super::{EtcdStore, Result, absent, count, kvs, parse_u64, prefix_keys_only, revision, text};
+use super::{
+    EtcdStore, Result, absent, count, id_text, kvs, parse_u64, prefix_keys_only, revision,
+};
 use crate::core::{BumpOutcome, ClaimOutcome, SnapshotGuard, Victim};
 use crate::keys::Keys;
 use crate::node::NodeId;
@@ -26,7 +28,7 @@ pub enum ClaimGuard {
     /// owns arenas): membership absent, the marker ignored, same fence-mark guard.
     IgnoreDeparture {
         /// Revision of the membership DELETE this attempt acts on (`i64::MAX`: no
-        /// DELETE to anchor to, e.g. an operator's attestation).
+        /// DELETE to anchor to).
         deleted_rev: i64,
     },
     /// Sweep path: membership absent and the snapshot unchanged (`recheck_intent`).
@@ -372,7 +374,7 @@ fn claim_txn(k: &Keys, victim: &Victim, controller: &str, lease: i64, guard: Cla
 /// `guard` and why.
 fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimResult {
     if let Some(kv) = kvs(&ops[0]).first() {
-        return ClaimResult::Outcome(ClaimOutcome::Held { by: text(kv) });
+        return ClaimResult::Outcome(ClaimOutcome::Held { by: id_text(kv) });
     }
     if !kvs(&ops[1]).is_empty() {
         return ClaimResult::Refused(ClaimRefusal::Member);

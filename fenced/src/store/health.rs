@@ -166,6 +166,40 @@ async fn probe_endpoint(
     )
 }
 
+/// Probes every endpoint once, the way the daemons' rotation does (`fenced check`):
+/// per endpoint, `None` when it would stay in rotation, else what is wrong with it.
+pub async fn probe_endpoints(
+    endpoints: &[String],
+    key: &str,
+    opts: &StoreOptions,
+) -> Vec<(String, Option<String>)> {
+    let timeout = opts.connect_timeout.min(opts.health_timeout);
+    let popts = ConnectOptions::new().with_connect_timeout(timeout);
+    let mut set = tokio::task::JoinSet::new();
+    for (i, ep) in endpoints.iter().enumerate() {
+        let client = Client::connect([ep], Some(popts.clone())).await.ok();
+        let probe = probe_endpoint(ep.clone(), client, key.to_owned(), timeout);
+        set.spawn(async move { (i, probe.await) });
+    }
+    let mut probes = vec![Probe::Silent; endpoints.len()];
+    while let Some(r) = set.join_next().await {
+        if let Ok((i, p)) = r {
+            probes[i] = p;
+        }
+    }
+    let keep = rotation(&probes);
+    endpoints
+        .iter()
+        .zip(probes.iter().zip(keep))
+        .map(|(ep, (p, keep))| {
+            (
+                ep.clone(),
+                (!keep || !p.serves()).then(|| p.trouble(timeout)),
+            )
+        })
+        .collect()
+}
+
 /// The probing task's state.
 struct Rotation {
     in_rotation: Vec<bool>,

@@ -8,7 +8,8 @@ use etcd_client::{
     WatchStream,
 };
 
-use super::{EtcdStore, Result, StoreError, absent, kvs, parse_u64, revision, text};
+use super::{EtcdStore, Result, StoreError, absent, kvs, parse_u64, revision};
+use crate::core::attest::LivenessRecord;
 use crate::node::NodeId;
 
 /// The result of a join transaction.
@@ -135,41 +136,16 @@ impl EtcdStore {
         }
     }
 
-    /// Records the agent's liveness (Unix milliseconds of a lease renewal).
-    pub async fn put_liveness(&self, node: &NodeId, unix_ms: u64) -> Result<()> {
+    /// Records the agent's liveness at a lease renewal: the lease it renews and how
+    /// long it can outlive it ([`LivenessRecord`]), so `fenced attest` judges
+    /// freshness by asking etcd about the lease, not by reading this host's clock.
+    pub async fn put_liveness(&self, node: &NodeId, record: &LivenessRecord) -> Result<()> {
         self.rt();
         self.client()
-            .put(self.keys.liveness(node), unix_ms.to_string(), None)
+            .put(self.keys.liveness(node), record.encode(), None)
             .await
             .map_err(|e| StoreError::classify("liveness", e))?;
         Ok(())
-    }
-
-    /// The agent's last recorded liveness and whether it holds membership now.
-    pub async fn liveness(&self, node: &NodeId) -> Result<(Option<u64>, bool)> {
-        let txn = Txn::new().and_then(vec![
-            TxnOp::get(self.keys.liveness(node), None),
-            TxnOp::get(self.keys.membership(node), None),
-            TxnOp::get(self.keys.pending(node), None),
-        ]);
-        let resp = self.txn("liveness", txn).await?;
-        let ops = resp.op_responses();
-        let live = match kvs(&ops[0]).first() {
-            Some(kv) => Some(parse_u64(kv)?),
-            None => None,
-        };
-        Ok((live, !kvs(&ops[1]).is_empty()))
-    }
-
-    /// The instance id recorded in `fence_pending/<node>` (empty when absent).
-    pub async fn intent_instance(&self, node: &NodeId) -> Result<String> {
-        self.rt();
-        let r = self
-            .client()
-            .get(self.keys.pending(node), None)
-            .await
-            .map_err(|e| StoreError::classify("intent", e))?;
-        Ok(r.kvs().first().map(text).unwrap_or_default())
     }
 
     /// Is `membership/<node>` still ours (created at `membership_rev`)?

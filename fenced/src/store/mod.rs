@@ -12,7 +12,8 @@
 //! etcd-client errors; `health` the endpoint probe and rotation; `fence` the
 //! controller's transactions (claim, finish, abort); `membership` the agent's (join,
 //! depart, leases, liveness, watch); `arenas` the arena pool; `view` the one read of
-//! the key space behind the sweep and `fenced status`.
+//! the key space behind the sweep and `fenced status`; `operator` the reads of the
+//! operator commands (`fenced attest`'s view of one node).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,12 +33,17 @@ mod fence;
 mod health;
 mod identity;
 mod membership;
+mod operator;
 mod view;
 
 pub use error::StoreError;
 pub use fence::{ClaimGuard, ClaimRefusal, ClaimResult};
+pub use health::probe_endpoints;
 pub use membership::Joined;
-pub use view::Status;
+pub use view::{
+    AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
+    decode_audit, decode_liveness, json_text,
+};
 
 use health::EndpointHealth;
 
@@ -73,6 +79,9 @@ pub struct EtcdStore {
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
     /// Counts endpoints taken out of rotation ([`EtcdStore::endpoint_removals`]).
     removals: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Malformed records the sweep has logged (escaped key -> mod revision), so each
+    /// is logged once ([`view`]).
+    malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -100,20 +109,23 @@ fn count(resp: &TxnOpResponse) -> usize {
     }
 }
 
+/// A decimal value (generation, liveness stamp) read back from etcd.
 fn parse_u64(kv: &KeyValue) -> Result<u64> {
-    let key = String::from_utf8_lossy(kv.key()).into_owned();
-    let s = std::str::from_utf8(kv.value()).map_err(|e| StoreError::Malformed {
-        key: key.clone(),
+    crate::keys::decode_u64("decimal number", kv.value()).map_err(|e| StoreError::Malformed {
+        key: String::from_utf8_lossy(kv.key()).escape_debug().to_string(),
         what: e.to_string(),
-    })?;
-    s.trim().parse().map_err(|e| StoreError::Malformed {
-        key,
-        what: format!("{s:?}: {e}"),
     })
 }
 
 fn text(kv: &KeyValue) -> String {
     String::from_utf8_lossy(kv.value()).into_owned()
+}
+
+/// An id read back as text (a claim holder, an intent's instance id). A value that is
+/// not one is returned quoted and escaped, so it reaches no log raw and no fencer
+/// takes it for an id (the EBS fencer refuses anything but an EC2 id).
+fn id_text(kv: &KeyValue) -> String {
+    crate::keys::decode_id_text("id", kv.value()).unwrap_or_else(|_| crate::keys::shown(kv.value()))
 }
 
 fn revision(resp: &TxnResponse) -> i64 {
@@ -240,6 +252,7 @@ impl EtcdStore {
             first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
             removals,
+            malformed_seen: Arc::default(),
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.

@@ -1,14 +1,65 @@
 //! One read of the key space: the sweep's snapshot and `fenced status` are two views of
 //! it, so both cost one transaction and see one revision.
+//!
+//! Every key and value is decoded with the typed decoders of [`crate::keys`]. A record
+//! that does not decode never fails the read: it is listed as a [`MalformedRecord`]
+//! (the sweep logs each once per key and revision; `fenced status` shows them all)
+//! and the rest of the snapshot stands. What each kind of malformed record does to
+//! the sweep is chosen so that doubt never spares a node a fence:
+//!
+//! - a key that names no valid node (bad id, extra path segment, not UTF-8): skipped;
+//!   no daemon can hold such an id, so there is nothing to fence;
+//! - `gen/<node>` that is not a number: the node stays known, so a node that is not a
+//!   member is still owed a fence. That fence fails at the generation read (a CAS bump
+//!   needs the number; inventing one could move the generation backwards or reuse one
+//!   a writer's guard holds), keeps its intent and claim until the claim expires, and
+//!   is retried every claim TTL: it never bumps, never releases the node's arenas,
+//!   shows as owed in `fenced status` and `fenced check`, and completes by itself once
+//!   an operator repairs the value;
+//! - an unreadable instance or controller id (`membership/`, `fence_pending/`,
+//!   `departed/`, `fence_claim/`, `instance/`): the record still counts (a member is a
+//!   member, an intent is owed, a claim is held), its text is treated as unknown;
+//! - `fence_done/<node>` that is not a number: the mark still counts (the protocol
+//!   reads only its presence and revision, written with the bump);
+//! - an `arena_node/<node>/<arena>` whose arena part is malformed: still counted as
+//!   an arena the node owns, so a departure is not honoured on its strength;
+//! - `arena_owner/`, `arena_free/`, `liveness/` and `audit/` records are read by the
+//!   views only, which show them as malformed (`fenced attest` decodes the liveness
+//!   record of the node it judges itself, and refuses what does not decode).
+
+use std::collections::{BTreeMap, HashSet};
 
 use etcd_client::{GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 
-use super::{
-    EtcdStore, Result, StoreError, count, parse_u64, prefix, prefix_keys_only, revision, text,
-};
+use super::{EtcdStore, Result, StoreError, count, prefix, prefix_keys_only, revision};
 use crate::core::SweepSnapshot;
-use crate::keys::Keys;
+use crate::core::attest::LivenessRecord;
+use crate::keys::{self, Keys, Malformed, decode_id_text, decode_node_id, decode_u64};
 use crate::node::NodeId;
+
+/// A record under the root that does not decode.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct MalformedRecord {
+    /// The key, escaped (one line).
+    pub key: String,
+    /// Why it does not decode.
+    pub why: String,
+    /// What the sweep and the views do with it.
+    pub effect: &'static str,
+    /// The key's mod revision: a rewrite of the key is a new report.
+    #[serde(skip)]
+    pub mod_revision: i64,
+}
+
+/// Effects of malformed records (see the module docs).
+mod effect {
+    pub const KEY: &str = "skipped: the key names no node or arena of the layout";
+    pub const GENERATION: &str = "node kept: fenced when not a member, but the fence fails at the generation read (never bumped) until the value is repaired";
+    pub const ID_TEXT: &str = "record still counts; its id is treated as unknown";
+    pub const DONE: &str = "fence mark still counts (only its presence is read)";
+    pub const ARENA: &str = "still counted as an arena the node owns";
+    pub const VIEW: &str = "shown as unknown by the views; the sweep does not read it";
+}
 
 /// A status view for `fenced status`.
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -31,6 +82,153 @@ pub struct Status {
     pub free_arenas: Vec<String>,
     /// Number of audit records.
     pub audit_records: usize,
+    /// Records that do not decode, with what is done about them.
+    pub malformed: Vec<MalformedRecord>,
+    /// The revision the read saw.
+    pub revision: i64,
+    /// One row per node any record names.
+    pub nodes: BTreeMap<String, NodeRow>,
+}
+
+/// One node as `fenced status` shows it: everything the records say about it, from
+/// the one read (stable JSON format: fenced/README.md).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct NodeRow {
+    /// Holds membership (a live lease).
+    pub member: bool,
+    /// Its instance id: the membership's, else the one recorded at its last join.
+    pub instance: Option<String>,
+    /// Unix ms of the agent's last recorded lease renewal (`liveness/<node>`, the
+    /// agent's clock).
+    pub last_renewal_unix_ms: Option<u64>,
+    /// The TTL of the lease it renews (ms), from the same record.
+    pub lease_ttl_ms: Option<u64>,
+    /// `gen/<node>` (`None`: absent or malformed, see `malformed`).
+    pub generation: Option<u64>,
+    /// A fence is owed: what the sweep would do now.
+    pub owed: Option<Owed>,
+    /// The controller holding a fence claim on it.
+    pub claim_holder: Option<String>,
+    /// It left a departure marker.
+    pub departed: bool,
+    /// `fence_done/<node>`: the generation its last completed fence bumped it to.
+    pub fenced_to: Option<u64>,
+    /// Its last completed fence (from the audit records).
+    pub last_fence: Option<FenceSummary>,
+    /// Failed fence attempts recorded, and the last one.
+    pub failed_attempts: usize,
+    /// The last failed attempt.
+    pub last_failure: Option<FenceSummary>,
+    /// Arenas it owns (the arena index).
+    pub arenas: Vec<String>,
+}
+
+/// An owed fence, as the sweep sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Owed {
+    /// Why (the sweep's reason).
+    pub why: String,
+    /// An intent (`fence_pending/<node>`) is recorded.
+    pub intent_recorded: bool,
+    /// A controller holds the claim: the fence is in progress there.
+    pub in_progress_by: Option<String>,
+    /// Owed since at least: the node's last recorded lease renewal (its lease expired
+    /// up to one TTL after). `None`: no renewal was ever recorded.
+    pub since_unix_ms: Option<u64>,
+}
+
+/// One fence attempt, from its audit record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct FenceSummary {
+    /// Unix ms of the decision.
+    pub unix_ms: u64,
+    /// The controller.
+    pub by: String,
+    /// What started it.
+    pub trigger: String,
+    /// The fencer and its result.
+    pub fencer: String,
+    /// `confirmed`, `single_signal` or `failed: ...`.
+    pub result: String,
+    /// Generation before.
+    pub generation_before: u64,
+    /// Generation after.
+    pub generation_after: u64,
+}
+
+impl FenceSummary {
+    fn of(a: &AuditEntry) -> Self {
+        Self {
+            unix_ms: a.unix_ms,
+            by: a.fenced_by.clone(),
+            trigger: json_text(&a.trigger),
+            fencer: a.fencer.clone(),
+            result: a.fencer_result.clone(),
+            generation_before: a.generation_before,
+            generation_after: a.generation_after,
+        }
+    }
+}
+
+/// A JSON scalar as text (a string without its quotes).
+pub fn json_text(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+/// One audit record as read back: where it is and what it says.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct AuditItem {
+    /// Its key (escaped).
+    pub key: String,
+    /// The fenced node.
+    pub node: String,
+    /// A failed attempt (the key's `.failed.<ms>` suffix).
+    pub failed: bool,
+    /// The record.
+    pub record: AuditEntry,
+}
+
+/// The audit records under one prefix, as `fenced audit` shows them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AuditView {
+    /// The revision the read saw.
+    pub revision: i64,
+    /// Records that decode, in key order (per node, by generation).
+    pub records: Vec<AuditItem>,
+    /// Records that do not.
+    pub malformed: Vec<MalformedRecord>,
+}
+
+/// Decodes audit key-value pairs: the items, and the malformed ones into `bad`.
+fn audit_items(k: &Keys, kvs: &[KeyValue], bad: &mut Findings) -> Vec<AuditItem> {
+    let mut items = Vec::new();
+    for kv in kvs {
+        let decoded = k
+            .decode_audit_key(kv.key())
+            .and_then(|key| decode_audit(kv.value()).map(|a| (key, a)));
+        match decoded {
+            Ok((key, record)) => items.push(AuditItem {
+                key: escaped_key(kv.key()),
+                node: key.node.as_str().to_owned(),
+                failed: key.failed_unix_ms.is_some(),
+                record,
+            }),
+            Err(e) => bad.add(kv, &e, effect::VIEW),
+        }
+    }
+    items
+}
+
+/// Which views a read serves: the sweep's ranges, or those plus what only the
+/// operator's views show (liveness stamps, audit records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Scope {
+    Sweep,
+    Status,
 }
 
 /// Everything under the root that the sweep and `fenced status` look at, as read by one
@@ -52,6 +250,10 @@ struct KeySpace {
     free_arenas: Vec<KeyValue>,
     /// Number of audit records (counted, not read).
     audit_records: usize,
+    /// `liveness/` ([`Scope::Status`] only).
+    liveness: Vec<KeyValue>,
+    /// `audit/` with values ([`Scope::Status`] only).
+    audits: Vec<KeyValue>,
 }
 
 /// The key-value pairs of a range read, taken out of the answer.
@@ -62,99 +264,392 @@ fn take_kvs(op: TxnOpResponse) -> Vec<KeyValue> {
     }
 }
 
+/// A key as one escaped line (at most 300 characters).
+fn escaped_key(key: &[u8]) -> String {
+    let text = String::from_utf8_lossy(key);
+    let mut out: String = text.chars().take(300).collect::<String>();
+    if out.len() < text.len() {
+        out.push_str("...");
+    }
+    out.escape_debug().to_string()
+}
+
+/// Collects the malformed records met while decoding.
+#[derive(Default)]
+struct Findings(Vec<MalformedRecord>);
+
+impl Findings {
+    fn add(&mut self, kv: &KeyValue, why: &Malformed, effect: &'static str) {
+        self.0.push(MalformedRecord {
+            key: escaped_key(kv.key()),
+            why: why.to_string(),
+            effect,
+            mod_revision: kv.mod_revision(),
+        });
+    }
+
+    /// The node of a `<prefix><node>` key, or `None` (recorded) when it names none.
+    fn node(&mut self, k: &Keys, prefix: &str, kv: &KeyValue) -> Option<NodeId> {
+        k.decode_node_key(prefix, kv.key())
+            .map_err(|e| self.add(kv, &e, effect::KEY))
+            .ok()
+    }
+
+    /// The value as an id text, or empty (recorded) when it is not one.
+    fn id_text(&mut self, kv: &KeyValue, what: &'static str) -> String {
+        decode_id_text(what, kv.value())
+            .map_err(|e| self.add(kv, &e, effect::ID_TEXT))
+            .unwrap_or_default()
+    }
+}
+
+/// The decoded key space: the sweep's snapshot plus what the views add.
+struct Decoded {
+    snapshot: SweepSnapshot,
+    /// `fence_done/<node>` values that decode.
+    done_generations: BTreeMap<NodeId, u64>,
+    /// `fence_claim/<node>` holders.
+    claim_holders: BTreeMap<NodeId, String>,
+    /// Arenas each node owns, by name (the well-formed ones).
+    arena_names: BTreeMap<NodeId, Vec<String>>,
+    malformed: Vec<MalformedRecord>,
+}
+
 impl KeySpace {
-    /// The sweep's view: what each node's records say, with the mod revisions its
-    /// claims are guarded by.
-    fn sweep(&self, k: &Keys) -> Result<SweepSnapshot> {
+    /// Decodes the ranges the sweep reads: its snapshot (with the mod revisions its
+    /// claims are guarded by) and the records that do not decode.
+    fn decode(&self, k: &Keys) -> Decoded {
         let mut s = SweepSnapshot::default();
+        let mut bad = Findings::default();
+        let mut done_generations = BTreeMap::new();
+        let mut claim_holders = BTreeMap::new();
+        let mut arena_names: BTreeMap<NodeId, Vec<String>> = BTreeMap::new();
         for kv in &self.generations {
-            if let Some(n) = k.node_of(&k.generation_prefix(), kv.key()) {
-                s.generations.insert(n, (parse_u64(kv)?, kv.mod_revision()));
+            let Some(n) = bad.node(k, &k.generation_prefix(), kv) else {
+                continue;
+            };
+            match decode_u64("generation", kv.value()) {
+                Ok(g) => {
+                    s.generations.insert(n, (g, kv.mod_revision()));
+                }
+                Err(e) => {
+                    bad.add(kv, &e, effect::GENERATION);
+                    s.unreadable_generations.insert(n);
+                }
             }
         }
         for kv in &self.pending {
-            if let Some(n) = k.node_of(&k.pending_prefix(), kv.key()) {
-                s.pending.insert(n, (text(kv), kv.mod_revision()));
+            if let Some(n) = bad.node(k, &k.pending_prefix(), kv) {
+                let instance = bad.id_text(kv, "instance id");
+                s.pending.insert(n, (instance, kv.mod_revision()));
             }
         }
         for kv in &self.done {
-            if let Some(n) = k.node_of(&k.done_prefix(), kv.key()) {
+            if let Some(n) = bad.node(k, &k.done_prefix(), kv) {
+                match decode_u64("generation", kv.value()) {
+                    Ok(g) => {
+                        done_generations.insert(n.clone(), g);
+                    }
+                    Err(e) => bad.add(kv, &e, effect::DONE),
+                }
                 s.done.insert(n, kv.mod_revision());
             }
         }
         for kv in &self.members {
-            if let Some(n) = k.node_of(&k.membership_prefix(), kv.key()) {
-                s.members.insert(n, text(kv));
+            if let Some(n) = bad.node(k, &k.membership_prefix(), kv) {
+                let instance = bad.id_text(kv, "instance id");
+                s.members.insert(n, instance);
             }
         }
         for kv in &self.departed {
-            if let Some(n) = k.node_of(&k.departed_prefix(), kv.key()) {
-                s.departed.insert(n, (text(kv), kv.mod_revision()));
+            if let Some(n) = bad.node(k, &k.departed_prefix(), kv) {
+                let instance = bad.id_text(kv, "instance id");
+                s.departed.insert(n, (instance, kv.mod_revision()));
             }
         }
         for kv in &self.arena_nodes {
-            if let Some((n, _)) = k.arena_node_of(kv.key()) {
-                *s.arenas.entry(n).or_default() += 1;
+            match k.decode_arena_node_key(kv.key()) {
+                Err(e) => bad.add(kv, &e, effect::KEY),
+                Ok((n, arena)) => {
+                    match arena {
+                        Ok(a) => arena_names.entry(n.clone()).or_default().push(a),
+                        Err(e) => bad.add(kv, &e, effect::ARENA),
+                    }
+                    *s.arenas.entry(n).or_default() += 1;
+                }
             }
         }
         for kv in &self.claims {
-            if let Some(n) = k.node_of(&k.claim_prefix(), kv.key()) {
+            if let Some(n) = bad.node(k, &k.claim_prefix(), kv) {
+                let holder = bad.id_text(kv, "controller id");
+                claim_holders.insert(n.clone(), holder);
                 s.claims.insert(n);
             }
         }
         for kv in &self.instances {
-            if let Some(n) = k.node_of(&k.instance_prefix(), kv.key()) {
-                s.instances.insert(n, text(kv));
+            if let Some(n) = bad.node(k, &k.instance_prefix(), kv) {
+                match decode_id_text("instance id", kv.value()) {
+                    Ok(i) => {
+                        s.instances.insert(n, i);
+                    }
+                    Err(e) => bad.add(kv, &e, effect::ID_TEXT),
+                }
             }
         }
-        Ok(s)
+        Decoded {
+            snapshot: s,
+            done_generations,
+            claim_holders,
+            arena_names,
+            malformed: bad.0,
+        }
     }
 
-    /// The operator's view: the records as they are, by key suffix (malformed numbers
-    /// shown as 0).
+    /// The operator's view: the records as they decode, and those that do not.
     fn status(&self, k: &Keys) -> Status {
-        let tail = |prefix: &str, kv: &KeyValue| {
-            String::from_utf8_lossy(kv.key())
-                .strip_prefix(prefix)
-                .unwrap_or_default()
-                .to_owned()
-        };
-        let pairs = |kvs: &[KeyValue], prefix: String| -> Vec<(String, String)> {
-            kvs.iter().map(|kv| (tail(&prefix, kv), text(kv))).collect()
-        };
-        let nums = |kvs: &[KeyValue], prefix: String| -> Vec<(String, u64)> {
-            kvs.iter()
-                .map(|kv| (tail(&prefix, kv), parse_u64(kv).unwrap_or(0)))
-                .collect()
-        };
-        let names = |kvs: &[KeyValue], prefix: String| -> Vec<String> {
-            kvs.iter().map(|kv| tail(&prefix, kv)).collect()
-        };
+        let mut d = self.decode(k);
+        let mut bad = Findings(std::mem::take(&mut d.malformed));
+        let s = &d.snapshot;
+        let name = |n: &NodeId| n.as_str().to_owned();
+        let mut arenas = Vec::new();
+        for kv in &self.arena_owners {
+            let arena = k.decode_arena_key(&k.arena_owner_prefix(), kv.key());
+            let owner = decode_node_id(kv.value());
+            match (arena, owner) {
+                (Ok(a), Ok(o)) => arenas.push((a, o.as_str().to_owned())),
+                (Err(e), _) | (_, Err(e)) => bad.add(kv, &e, effect::VIEW),
+            }
+        }
+        let mut free_arenas = Vec::new();
+        for kv in &self.free_arenas {
+            match k.decode_arena_key(&k.arena_free_prefix(), kv.key()) {
+                Ok(a) => free_arenas.push(a),
+                Err(e) => bad.add(kv, &e, effect::VIEW),
+            }
+        }
+        let mut liveness = BTreeMap::new();
+        for kv in &self.liveness {
+            if let Some(n) = bad.node(k, &k.liveness_prefix(), kv) {
+                match decode_liveness(kv.value()) {
+                    Ok(r) => {
+                        liveness.insert(n, r);
+                    }
+                    Err(e) => bad.add(kv, &e, effect::VIEW),
+                }
+            }
+        }
+        let audits = audit_items(k, &self.audits, &mut bad);
+        let nodes = rows(&d, &liveness, &audits);
         Status {
-            members: pairs(&self.members, k.membership_prefix()),
-            generations: nums(&self.generations, k.generation_prefix()),
-            owed: pairs(&self.pending, k.pending_prefix()),
-            done: nums(&self.done, k.done_prefix()),
-            claims: pairs(&self.claims, k.claim_prefix()),
-            departed: names(&self.departed, k.departed_prefix()),
-            arenas: pairs(&self.arena_owners, arena_owner_prefix(k)),
-            free_arenas: names(&self.free_arenas, k.arena_free_prefix()),
-            audit_records: self.audit_records,
+            members: s
+                .members
+                .iter()
+                .map(|(n, i)| (name(n), i.clone()))
+                .collect(),
+            generations: s.generations.iter().map(|(n, g)| (name(n), g.0)).collect(),
+            owed: s
+                .pending
+                .iter()
+                .map(|(n, p)| (name(n), p.0.clone()))
+                .collect(),
+            done: d
+                .done_generations
+                .iter()
+                .map(|(n, g)| (name(n), *g))
+                .collect(),
+            claims: d
+                .claim_holders
+                .iter()
+                .map(|(n, h)| (name(n), h.clone()))
+                .collect(),
+            departed: s.departed.keys().map(name).collect(),
+            arenas,
+            free_arenas,
+            audit_records: self.audit_records.max(self.audits.len()),
+            malformed: bad.0,
+            revision: self.revision,
+            nodes,
         }
     }
 }
 
-/// `arena_owner/`.
-fn arena_owner_prefix(k: &Keys) -> String {
-    format!("{}arena_owner/", k.root())
+/// One row per node any record names: the sweep's plan says which fences are owed and
+/// why, the audit records which fences happened.
+fn rows(
+    d: &Decoded,
+    liveness: &BTreeMap<NodeId, LivenessRecord>,
+    audits: &[AuditItem],
+) -> BTreeMap<String, NodeRow> {
+    let s = &d.snapshot;
+    let mut rows: BTreeMap<String, NodeRow> = BTreeMap::new();
+    fn row<'a>(rows: &'a mut BTreeMap<String, NodeRow>, n: &NodeId) -> &'a mut NodeRow {
+        rows.entry(n.as_str().to_owned()).or_default()
+    }
+    for n in s.generations.keys().chain(&s.unreadable_generations) {
+        row(&mut rows, n).generation = s.generations.get(n).map(|g| g.0);
+    }
+    for (n, i) in &s.members {
+        let r = row(&mut rows, n);
+        r.member = true;
+        r.instance = Some(i.clone()).filter(|i| !i.is_empty());
+    }
+    for (n, i) in &s.instances {
+        let r = row(&mut rows, n);
+        if r.instance.is_none() {
+            r.instance = Some(i.clone()).filter(|i| !i.is_empty());
+        }
+    }
+    for n in s.pending.keys().chain(s.done.keys()).chain(s.claims.iter()) {
+        row(&mut rows, n);
+    }
+    for n in s.departed.keys() {
+        row(&mut rows, n).departed = true;
+    }
+    for (n, g) in &d.done_generations {
+        row(&mut rows, n).fenced_to = Some(*g);
+    }
+    for (n, h) in &d.claim_holders {
+        row(&mut rows, n).claim_holder = Some(h.clone()).filter(|h| !h.is_empty());
+    }
+    for (n, a) in &d.arena_names {
+        row(&mut rows, n).arenas = a.clone();
+    }
+    for (n, l) in liveness {
+        let r = row(&mut rows, n);
+        r.last_renewal_unix_ms = Some(l.unix_ms);
+        r.lease_ttl_ms = Some(l.ttl_ms);
+    }
+    let plan = crate::core::plan_sweep(s);
+    let owed = plan
+        .fence
+        .iter()
+        .map(|o| (&o.victim.node, o.reason.clone()))
+        .chain(
+            plan.claimed
+                .iter()
+                .map(|n| (n, "claimed: a fence is in progress".to_owned())),
+        );
+    for (n, why) in owed {
+        let since = liveness.get(n).map(|l| l.unix_ms);
+        let r = row(&mut rows, n);
+        r.owed = Some(Owed {
+            why,
+            intent_recorded: s.pending.contains_key(n),
+            in_progress_by: r.claim_holder.clone(),
+            since_unix_ms: since,
+        });
+    }
+    for a in audits {
+        let r = rows.entry(a.node.clone()).or_default();
+        let summary = FenceSummary::of(&a.record);
+        if a.failed {
+            r.failed_attempts += 1;
+            if r.last_failure
+                .as_ref()
+                .is_none_or(|l| l.unix_ms <= summary.unix_ms)
+            {
+                r.last_failure = Some(summary);
+            }
+        } else if r
+            .last_fence
+            .as_ref()
+            .is_none_or(|l| l.generation_after <= summary.generation_after)
+        {
+            r.last_fence = Some(summary);
+        }
+    }
+    rows
+}
+
+/// An audit record as `fenced audit` reads it back: the fields fenced writes (see
+/// [`crate::core::AuditRecord`]); a field missing from an older record reads as empty.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct AuditEntry {
+    /// The fenced node.
+    pub node: String,
+    /// Its instance id.
+    pub instance: String,
+    /// The controller that fenced it.
+    pub fenced_by: String,
+    /// What started the fence (`watch`, `sweep`, `operator`).
+    pub trigger: serde_json::Value,
+    /// The signals seen.
+    pub signals: Vec<String>,
+    /// The fencer.
+    pub fencer: String,
+    /// `confirmed`, `single_signal` or `failed: ...`.
+    pub fencer_result: String,
+    /// Generation before the fence.
+    pub generation_before: u64,
+    /// Generation after (equal to before when the fence failed).
+    pub generation_after: u64,
+    /// Arenas returned to the free pool.
+    pub arenas_released: Vec<String>,
+    /// Milliseconds in the claim transaction.
+    pub claim_ms: u64,
+    /// Milliseconds in the Fencer.
+    pub sever_ms: u64,
+    /// Milliseconds from the start of the run to the finishing transaction.
+    pub total_ms: u64,
+    /// Wall-clock time of the decision (Unix milliseconds).
+    pub unix_ms: u64,
+    /// The steps performed, in order.
+    pub steps: Vec<serde_json::Value>,
+}
+
+/// Largest liveness record accepted (fenced writes under 100 bytes).
+const MAX_LIVENESS_BYTES: usize = 1024;
+
+/// Decodes one `liveness/` value: the JSON [`LivenessRecord`] the agent writes at each
+/// renewal (a bare number, written by older versions, is refused with why).
+pub fn decode_liveness(value: &[u8]) -> Result<LivenessRecord, Malformed> {
+    if value.len() > MAX_LIVENESS_BYTES {
+        return Err(Malformed::TooLong {
+            what: "liveness record",
+            len: value.len(),
+            max: MAX_LIVENESS_BYTES,
+        });
+    }
+    let text = std::str::from_utf8(value).map_err(|e| Malformed::NotUtf8 {
+        offset: e.valid_up_to(),
+    })?;
+    LivenessRecord::parse(text).map_err(|why| Malformed::NotJson {
+        what: "JSON liveness record",
+        why: keys::shown(why.as_bytes()),
+    })
+}
+
+/// Largest audit record accepted (fenced writes well under 4 KiB).
+const MAX_AUDIT_BYTES: usize = 64 * 1024;
+
+/// Decodes one `audit/` value: the JSON object fenced writes.
+pub fn decode_audit(value: &[u8]) -> Result<AuditEntry, Malformed> {
+    if value.len() > MAX_AUDIT_BYTES {
+        return Err(Malformed::TooLong {
+            what: "audit record",
+            len: value.len(),
+            max: MAX_AUDIT_BYTES,
+        });
+    }
+    let bad = |why: String| Malformed::NotJson {
+        what: "JSON audit record",
+        why: keys::shown(why.as_bytes()),
+    };
+    let v: serde_json::Value = serde_json::from_slice(value).map_err(|e| bad(e.to_string()))?;
+    match v.get("node") {
+        Some(serde_json::Value::String(_)) if v.is_object() => {}
+        _ => return Err(bad("not an object with a \"node\" string".into())),
+    }
+    serde_json::from_value(v).map_err(|e| bad(e.to_string()))
 }
 
 impl EtcdStore {
     /// Reads everything the sweep and `fenced status` look at, in one transaction
     /// (`op` names it in errors).
-    async fn key_space(&self, op: &'static str) -> Result<KeySpace> {
+    async fn key_space(&self, op: &'static str, scope: Scope) -> Result<KeySpace> {
         let k = &self.keys;
-        let txn = Txn::new().and_then(vec![
+        let mut ops = vec![
             TxnOp::get(k.generation_prefix(), prefix()),
             TxnOp::get(k.pending_prefix(), prefix()),
             TxnOp::get(k.done_prefix(), prefix()),
@@ -163,44 +658,105 @@ impl EtcdStore {
             TxnOp::get(k.arena_node_all_prefix(), prefix_keys_only()),
             TxnOp::get(k.claim_prefix(), prefix()),
             TxnOp::get(k.instance_prefix(), prefix()),
-            TxnOp::get(arena_owner_prefix(k), prefix()),
+            TxnOp::get(k.arena_owner_prefix(), prefix()),
             TxnOp::get(k.arena_free_prefix(), prefix_keys_only()),
             TxnOp::get(
                 k.audit_prefix(),
                 Some(GetOptions::new().with_prefix().with_count_only()),
             ),
-        ]);
-        let resp = self.txn(op, txn).await?;
+        ];
+        if scope == Scope::Status {
+            ops.push(TxnOp::get(k.liveness_prefix(), prefix()));
+            ops.push(TxnOp::get(k.audit_prefix(), prefix()));
+        }
+        let resp = self.txn(op, Txn::new().and_then(ops)).await?;
         let ops = resp.op_responses();
-        let audit_records = ops.last().map_or(0, count);
+        let audit_records = ops.get(10).map_or(0, count);
         let mut ranges = ops.into_iter().map(take_kvs);
         let mut next = || ranges.next().unwrap_or_default();
+        let (generations, pending, done, members, departed) =
+            (next(), next(), next(), next(), next());
+        let (arena_nodes, claims, instances, arena_owners, free_arenas) =
+            (next(), next(), next(), next(), next());
+        let _audit_count = next();
         Ok(KeySpace {
             revision: revision(&resp),
-            generations: next(),
-            pending: next(),
-            done: next(),
-            members: next(),
-            departed: next(),
-            arena_nodes: next(),
-            claims: next(),
-            instances: next(),
-            arena_owners: next(),
-            free_arenas: next(),
+            generations,
+            pending,
+            done,
+            members,
+            departed,
+            arena_nodes,
+            claims,
+            instances,
+            arena_owners,
+            free_arenas,
             audit_records,
+            liveness: next(),
+            audits: next(),
         })
     }
 
     /// `sweep`: the snapshot of every node's records and the revision it was read at,
-    /// one transaction.
+    /// one transaction. Records that do not decode are left out as the module docs
+    /// say and logged once per key (again only when the key is rewritten).
     pub async fn sweep_snapshot(&self) -> Result<(SweepSnapshot, i64)> {
-        let space = self.key_space("sweep").await?;
-        Ok((space.sweep(&self.keys)?, space.revision))
+        let space = self.key_space("sweep", Scope::Sweep).await?;
+        let decoded = space.decode(&self.keys);
+        self.report_malformed(&decoded.malformed);
+        Ok((decoded.snapshot, space.revision))
+    }
+
+    /// Logs each malformed record not reported yet (by key and mod revision) and
+    /// forgets the keys that decode again, so the sweep's log is not flooded and a
+    /// later breakage of a repaired key is reported.
+    fn report_malformed(&self, found: &[MalformedRecord]) {
+        let mut seen = self
+            .malformed_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for r in found {
+            if seen.insert(r.key.clone(), r.mod_revision) != Some(r.mod_revision) {
+                tracing::warn!(
+                    step = "sweep",
+                    key = %r.key,
+                    why = %r.why,
+                    effect = r.effect,
+                    "record under the fenced root does not decode; the sweep goes on without it (logged once per key; `fenced status` lists it). Repair or delete the key"
+                );
+            }
+        }
+        let current: HashSet<&str> = found.iter().map(|r| r.key.as_str()).collect();
+        seen.retain(|k, _| current.contains(k.as_str()));
     }
 
     /// Everything `fenced status` shows, in one transaction.
     pub async fn status(&self) -> Result<Status> {
-        Ok(self.key_space("status").await?.status(&self.keys))
+        Ok(self
+            .key_space("status", Scope::Status)
+            .await?
+            .status(&self.keys))
+    }
+
+    /// The audit records (of `node`, or all), decoded, in one range read.
+    pub async fn audit_view(&self, node: Option<&NodeId>) -> Result<AuditView> {
+        self.rt();
+        let p = match node {
+            Some(n) => format!("{}{n}/", self.keys.audit_prefix()),
+            None => self.keys.audit_prefix(),
+        };
+        let r = self
+            .client()
+            .get(p, prefix())
+            .await
+            .map_err(|e| StoreError::classify("audit", e))?;
+        let mut bad = Findings::default();
+        let records = audit_items(&self.keys, r.kvs(), &mut bad);
+        Ok(AuditView {
+            revision: r.header().map_or(0, |h| h.revision()),
+            records,
+            malformed: bad.0,
+        })
     }
 
     /// Audit records of `node` (JSON), oldest first.
@@ -215,5 +771,91 @@ impl EtcdStore {
             .iter()
             .filter_map(|kv| serde_json::from_slice(kv.value()).ok())
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn audit_records_decode_and_garbage_is_typed() {
+        let ok = br#"{"node":"n2","instance":"i-2","fenced_by":"n1/i-1","trigger":"sweep","signals":["membership expired"],"fencer":"nvme","fencer_result":"confirmed","generation_before":0,"generation_after":1,"arenas_released":["a1"],"claim_ms":3,"sever_ms":4,"total_ms":9,"unix_ms":1700,"steps":["claim","sever"]}"#;
+        let a = decode_audit(ok).unwrap();
+        assert_eq!((a.node.as_str(), a.generation_after), ("n2", 1));
+        assert_eq!(a.trigger, "sweep");
+        for bad in [
+            &b"not json"[..],
+            br#"["a"]"#,
+            b"{}",
+            br#"{"node":1}"#,
+            br#"{"node":"n1","generation_after":-1}"#,
+            b"\xff",
+        ] {
+            assert!(
+                matches!(decode_audit(bad), Err(Malformed::NotJson { .. })),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            decode_audit(&vec![b' '; MAX_AUDIT_BYTES + 1]),
+            Err(Malformed::TooLong { .. })
+        ));
+    }
+
+    #[test]
+    fn liveness_records_decode_and_old_stamps_are_refused() {
+        let r = LivenessRecord {
+            lease: 7,
+            ttl_ms: 2000,
+            margin_ms: 4000,
+            unix_ms: 1700,
+        };
+        assert_eq!(decode_liveness(r.encode().as_bytes()), Ok(r));
+        for bad in [&b"1700"[..], b"yesterday", b"{}", b"\xff", &[b' '; 2000]] {
+            assert!(decode_liveness(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        /// The liveness decoder returns a record or a typed one-line error.
+        #[test]
+        fn liveness_decoder_never_panics(
+            raw in proptest::collection::vec(any::<u8>(), 0..200),
+            lease in any::<i64>(),
+            ms in any::<u64>(),
+        ) {
+            let json = format!(r#"{{"lease":{lease},"ttl_ms":{ms},"margin_ms":1,"unix_ms":{ms}}}"#);
+            prop_assert!(decode_liveness(json.as_bytes()).is_ok());
+            if let Err(e) = decode_liveness(&raw) {
+                let m = e.to_string();
+                prop_assert!(!m.contains('\n') && m.len() < 400, "{}", m);
+            }
+        }
+
+        /// The audit decoder returns a record or a typed one-line error for any bytes,
+        /// and for JSON objects of any shape.
+        #[test]
+        fn audit_decoder_never_panics(
+            raw in proptest::collection::vec(any::<u8>(), 0..400),
+            node in "[a-z0-9\n\"]{0,8}",
+            after in any::<i64>(),
+            extra in "[a-z]{0,8}",
+        ) {
+            let json = format!(r#"{{"node":{node:?},"generation_after":{after},"{extra}":[1,{{}}]}}"#);
+            for v in [raw.as_slice(), json.as_bytes()] {
+                match decode_audit(v) {
+                    Ok(_) => {
+                        let parsed = serde_json::from_slice::<serde_json::Value>(v);
+                        prop_assert!(parsed.is_ok_and(|x| x.is_object()));
+                    }
+                    Err(e) => {
+                        let m = e.to_string();
+                        prop_assert!(!m.contains('\n') && m.len() < 400, "{}", m);
+                    }
+                }
+            }
+        }
     }
 }

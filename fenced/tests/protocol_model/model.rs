@@ -45,6 +45,25 @@ pub struct Protocol {
     pub bump_without_confirmation: bool,
     /// BROKEN variant: the `depart` transaction is not conditioned on live membership.
     pub depart_unconditioned: bool,
+    /// Invariant 6 (issue 14): a fresh start of a node fenced since its last `join`
+    /// (`fence_done/<node>` present: `join` drops it), on the boot recorded at that
+    /// `join`, refuses before joining (`refuse_restart`) until the host rebooted or an
+    /// operator ran `unfence`. Without it (the code
+    /// before issue 14) a restarted daemon joins and registers its key regardless.
+    /// Only the host model ([`Config::host`]) distinguishes the two.
+    pub refuse_restart_after_fence: bool,
+    /// Invariant 6 at `unfence` (model finding 4): the key is registered at most once
+    /// per boot (fence_scsi registers only at boot). An instance whose key is gone on
+    /// a boot that registered it already refuses to register, unless an operator ran
+    /// `unfence` since. Without it, an instance that joined before a fence (the start
+    /// check passed) registers after the fence verified, and the application an
+    /// earlier instance fed writes again. Host model only.
+    pub register_once_per_boot: bool,
+    /// Issue 14, part 4 (model finding 5): `leave` unregisters the node's key before
+    /// `release_own_arenas`, so an application an earlier instance left running cannot
+    /// write an arena once it is given back. Not in [`Protocol::SAFE`] yet (part 4 is
+    /// open): without it, `quiesce` stops only this instance's writes.
+    pub unregister_before_release: bool,
 }
 
 impl Protocol {
@@ -58,17 +77,23 @@ impl Protocol {
         depart_before_quiesce: false,
         bump_without_confirmation: false,
         depart_unconditioned: false,
+        refuse_restart_after_fence: false,
+        register_once_per_boot: false,
+        unregister_before_release: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
     /// the watch-path claim requires no fence mark written since the DELETE
     /// (`ClaimGuard::Watch { deleted_rev }`), `release_arena` and `adopt_arenas` are
     /// conditioned on live membership. `CODE_AT_9866C49` is kept as the record of
-    /// what the checker found.
+    /// what the checker found. Issue 14 adds invariant 6's refusals, at start and at
+    /// `unfence` (what the model asks of the daemon; see the crate doc).
     pub const SAFE: Self = Self {
         watch_claim_requires_not_done: true,
         adopt_requires_live_membership: true,
         release_requires_live_membership: true,
+        refuse_restart_after_fence: true,
+        register_once_per_boot: true,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -93,6 +118,13 @@ pub struct Budget {
     /// Watch faults: a lost event (`watch_compacted`) or a duplicated one (`watch_resume`
     /// from an older revision).
     pub watch_faults: u8,
+    /// Host model only: the service manager restarts a running daemon (it stops; the
+    /// host's writer keeps running; the next start is `join` or `refuse_restart`).
+    pub daemon_restarts: u8,
+    /// Host model only: host reboots (daemon and writers die, new boot id).
+    pub reboots: u8,
+    /// Host model only: operator `unfence` runs.
+    pub unfences: u8,
 }
 
 /// A model configuration.
@@ -107,9 +139,17 @@ pub struct Config {
     /// Liveness start: `n1` starts expired, still writing to `a0`, with its DELETE on
     /// both watches.
     pub start_expired: bool,
+    /// The host model (invariant 6): the writer is the host's application, a process
+    /// of its own. A daemon that exits (`self_fence`, `daemon restart`) leaves it
+    /// running with the arenas it was writing; it writes whenever the device holds the
+    /// node's key, until the host reboots (or the operator stops it before `unfence`).
+    /// Each host has a boot id that `join` records. Without the host model the writer
+    /// dies with the daemon, so every fresh start is as good as one after a reboot and
+    /// the restart refusal never applies.
+    pub host: bool,
 }
 
-/// Agent phase (`fenced/src/agent.rs`: `start` then `run` then `leave`).
+/// Agent phase (`fenced/src/agent/`: `start` then `run` then `leave`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Phase {
     /// Not running (never started, exited, self-fenced, left).
@@ -141,6 +181,18 @@ pub struct Agent {
     pub using: [bool; A],
     /// Generation read at `join`.
     pub gen_read: u8,
+}
+
+/// One host, apart from its daemon (host model only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Host {
+    /// Boot id (the kernel's `boot_id`), changed by a reboot.
+    pub boot: u8,
+    /// Arenas an application started under an earlier daemon instance still writes
+    /// (it outlived that daemon; only a reboot or the operator stops it).
+    pub writer: [bool; A],
+    /// The oldest generation that application's daemon instance had read at `join`.
+    pub writer_gen: u8,
 }
 
 /// What started a fence run.
@@ -282,6 +334,13 @@ pub struct Etcd {
     pub owner: [Option<u8>; A],
     /// `arena_free/<a>`.
     pub free: [bool; A],
+    /// Host model: the boot id recorded with the node's last `join` (durable).
+    pub boot: [u8; N],
+    /// Host model: an operator's audited `unfence` since the node's last `join`.
+    pub unfenced: [bool; N],
+    /// Host model: the boot id on which the node last registered its key (0: cleared
+    /// by an operator's `unfence`).
+    pub reg_boot: [u8; N],
 }
 
 /// How a node's last membership ended (ghost).
@@ -314,6 +373,14 @@ pub mod seen {
     pub const STALE_SNAPSHOT_REFUSED: u16 = 1 << 6;
     /// A bump completed by a sweep after the watch lost the event.
     pub const LOST_EVENT_FENCED_BY_SWEEP: u16 = 1 << 7;
+    /// A fresh start of a fenced node on the same boot was refused.
+    pub const RESTART_REFUSED: u16 = 1 << 8;
+    /// A fenced node joined again after an operator's `unfence` (same boot).
+    pub const UNFENCED_THEN_JOINED: u16 = 1 << 9;
+    /// A fenced node joined again after its host rebooted.
+    pub const REBOOTED_THEN_JOINED: u16 = 1 << 10;
+    /// An instance that joined refused to register a key this boot had registered.
+    pub const REGISTER_REFUSED: u16 = 1 << 11;
 }
 
 /// Per-node ghost state (never read by the protocol, only by properties).
@@ -343,6 +410,8 @@ pub struct State {
     pub registered: [bool; N],
     /// Agents.
     pub agents: [Agent; N],
+    /// Hosts (constant without the host model).
+    pub hosts: [Host; N],
     /// Controllers.
     pub ctrls: [Controller; C],
     /// Remaining budgets.
@@ -374,6 +443,19 @@ pub enum Action {
     Depart(u8),
     /// Agent: `self_fence` (lease lost or key preempted): stop I/O, exit.
     SelfFence(u8),
+    /// Host: the service manager restarts the daemon on the same boot; the daemon
+    /// stops, the host's writer keeps running.
+    DaemonRestart(u8),
+    /// Agent: `refuse_restart`. At start (fenced since its last join, same boot, no
+    /// operator `unfence`): exit without joining or registering. At `unfence` (the key
+    /// is gone and this boot registered it already, no operator `unfence`): exit
+    /// without registering.
+    RefuseRestart(u8),
+    /// Host: reboot (the daemon and every writer die; new boot id).
+    Reboot(u8),
+    /// Operator: `fenced unfence --node-id N` (audited; refused while N is a member),
+    /// after stopping the node's daemon and applications.
+    OperatorUnfence(u8),
     /// etcd: the node's membership lease expires (`lease_expired`).
     LeaseExpired(u8),
     /// etcd: the claim lease on `fence_claim/<node>` expires.
@@ -418,6 +500,14 @@ impl fmt::Display for Action {
             Self::ReleaseOwnArenas(n) => write!(f, "n{n}: release_own_arenas"),
             Self::Depart(n) => write!(f, "n{n}: depart"),
             Self::SelfFence(n) => write!(f, "n{n}: self_fence"),
+            Self::DaemonRestart(n) => {
+                write!(f, "n{n}: daemon restart (same boot, writer keeps running)")
+            }
+            Self::RefuseRestart(n) => write!(f, "n{n}: refuse_restart"),
+            Self::Reboot(n) => write!(f, "n{n}: host reboot (writers die, new boot id)"),
+            Self::OperatorUnfence(n) => {
+                write!(f, "operator: unfence n{n} (daemon and writers stopped)")
+            }
             Self::LeaseExpired(n) => write!(f, "etcd: lease_expired n{n}"),
             Self::ClaimLeaseExpired(n) => {
                 write!(f, "etcd: claim lease of fence_claim/n{n} expired")
@@ -465,11 +555,63 @@ fn next_ver(v: &mut u8) -> u8 {
 }
 
 impl State {
-    /// Node `n` can still write to arena `a`: its I/O gate is open, it uses `a`, and
-    /// the device still holds its key.
+    /// Node `n` can still write to arena `a`: its I/O gate is open and it uses `a`, or
+    /// an application an earlier daemon instance left running writes `a`; and the
+    /// device still holds its key.
     pub fn can_write(&self, n: usize, a: usize) -> bool {
         let ag = &self.agents[n];
-        ag.io && ag.using[a] && self.registered[n]
+        (ag.io && ag.using[a] || self.hosts[n].writer[a]) && self.registered[n]
+    }
+
+    /// The generation the oldest writer of node `n` that uses arena `a` had read.
+    fn writer_gen(&self, n: usize, a: usize) -> u8 {
+        let ag = &self.agents[n];
+        let h = &self.hosts[n];
+        match (ag.io && ag.using[a], h.writer[a]) {
+            (true, true) => ag.gen_read.min(h.writer_gen),
+            (false, true) => h.writer_gen,
+            _ => ag.gen_read,
+        }
+    }
+
+    /// Host model: the daemon of node `n` stops; an application it fed keeps writing.
+    fn daemon_stops(&mut self, n: usize, host: bool) {
+        let ag = self.agents[n];
+        if host && ag.io && ag.using.iter().any(|&u| u) {
+            let h = &mut self.hosts[n];
+            h.writer_gen = if h.writer.iter().any(|&w| w) {
+                h.writer_gen.min(ag.gen_read)
+            } else {
+                ag.gen_read
+            };
+            for (w, &u) in h.writer.iter_mut().zip(&ag.using) {
+                *w |= u;
+            }
+        }
+        self.agents[n] = Agent {
+            phase: Phase::Offline,
+            io: false,
+            using: [false; A],
+            ..ag
+        };
+    }
+
+    /// Invariant 6 at `unfence` (`register_once_per_boot`): the device does not hold
+    /// the key, and this boot already registered it once (no operator `unfence` since).
+    fn register_refused(&self, n: usize, cfg: &Config) -> bool {
+        cfg.host
+            && cfg.protocol.register_once_per_boot
+            && !self.registered[n]
+            && self.etcd.reg_boot[n] == self.hosts[n].boot
+    }
+
+    /// Invariant 6: node `n`'s fresh start must refuse to register.
+    fn restart_refused(&self, n: usize, cfg: &Config) -> bool {
+        cfg.host
+            && cfg.protocol.refuse_restart_after_fence
+            && self.etcd.done[n].is_some()
+            && self.etcd.boot[n] == self.hosts[n].boot
+            && !self.etcd.unfenced[n]
     }
 
     fn owned_by(&self, n: usize) -> [bool; A] {
@@ -511,6 +653,9 @@ impl ProtocolModel {
             claim_ver: [0; N],
             owner: [None; A],
             free: [true; A],
+            boot: [1; N],
+            unfenced: [false; N],
+            reg_boot: [1; N],
         };
         let active = Agent {
             phase: Phase::Active,
@@ -539,10 +684,16 @@ impl ProtocolModel {
             aborted: false,
             lost: false,
         };
+        let host = Host {
+            boot: 1,
+            writer: [false; A],
+            writer_gen: 0,
+        };
         let mut s = State {
             etcd,
             registered: [true; N],
             agents,
+            hosts: [host; N],
             ctrls: [ctrl.clone(), ctrl],
             budget: self.cfg.budget,
             ghost: [ghost; N],
@@ -572,13 +723,26 @@ impl ProtocolModel {
                 if s.etcd.claim[n].is_some() || s.etcd.member[n].is_some() {
                     return None;
                 }
+                // Invariant 6: checked at start, before `join` changes anything.
+                if s.restart_refused(n, &self.cfg) {
+                    return None;
+                }
                 t.budget.restarts -= 1;
                 let inst = ag.instance + 1;
                 if s.etcd.pending[n].is_some() {
                     t.seen |= seen::JOIN_DROPPED_INTENT;
                 }
+                if self.cfg.host && s.etcd.done[n].is_some() {
+                    if s.etcd.unfenced[n] {
+                        t.seen |= seen::UNFENCED_THEN_JOINED;
+                    } else if s.etcd.boot[n] != s.hosts[n].boot {
+                        t.seen |= seen::REBOOTED_THEN_JOINED;
+                    }
+                }
                 t.etcd.member[n] = Some(inst);
                 t.etcd.known[n] = true;
+                t.etcd.boot[n] = s.hosts[n].boot;
+                t.etcd.unfenced[n] = false;
                 if s.etcd.pending[n].is_some()
                     || s.etcd.done[n].is_some()
                     || s.etcd.departed[n].is_some()
@@ -603,8 +767,13 @@ impl ProtocolModel {
             }
             Action::Unfence(n) => {
                 let n = n as usize;
-                if s.agents[n].phase != Phase::Joined {
+                if s.agents[n].phase != Phase::Joined || s.register_refused(n, &self.cfg) {
                     return None;
+                }
+                if self.cfg.host && !s.registered[n] {
+                    // Recorded before the device call: a crash between the two only
+                    // makes the next start on this boot refuse.
+                    t.etcd.reg_boot[n] = s.hosts[n].boot;
                 }
                 t.registered[n] = true;
                 t.agents[n].phase = Phase::Unfenced;
@@ -619,7 +788,7 @@ impl ProtocolModel {
                 let mut using = [false; A];
                 for (a, u) in using.iter_mut().enumerate() {
                     if s.etcd.owner[a] == Some(n as u8) {
-                        // agent.rs `claim_arenas`: `owned_arenas` is a plain read.
+                        // agent/mod.rs `claim_arenas`: `owned_arenas` is a plain read.
                         *u = live || !p.adopt_requires_live_membership;
                     } else if live && s.etcd.free[a] && s.etcd.owner[a].is_none() {
                         t.etcd.free[a] = false;
@@ -660,8 +829,10 @@ impl ProtocolModel {
                     t.budget.departures -= 1;
                 } else if ag.phase != Phase::Quiesced {
                     return None;
+                } else if p.unregister_before_release {
+                    t.registered[n] = false;
                 }
-                // One owner-conditioned transaction per arena (store.rs `release_arena`).
+                // One owner-conditioned transaction per arena (store/arenas.rs `release_arena`).
                 let live = s.etcd.member[n] == Some(ag.instance);
                 for a in 0..A {
                     if s.etcd.owner[a] == Some(n as u8)
@@ -679,7 +850,7 @@ impl ProtocolModel {
                 if ag.phase != Phase::Released {
                     return None;
                 }
-                // agent.rs `leave`: unregister our key, then the departure transaction.
+                // agent/leave.rs `leave_steps`: unregister our key, then the departure transaction.
                 if !p.depart_before_quiesce {
                     t.registered[n] = false;
                 }
@@ -716,12 +887,45 @@ impl ProtocolModel {
                 if !(lease_lost || preempted) {
                     return None;
                 }
-                t.agents[n] = Agent {
-                    phase: Phase::Offline,
-                    io: false,
-                    using: [false; A],
-                    ..ag
-                };
+                // `--on-fence exit`: the daemon exits, the application does not.
+                t.daemon_stops(n, self.cfg.host);
+            }
+            Action::DaemonRestart(n) => {
+                let n = n as usize;
+                if !self.cfg.host
+                    || s.agents[n].phase == Phase::Offline
+                    || s.budget.daemon_restarts == 0
+                {
+                    return None;
+                }
+                t.budget.daemon_restarts -= 1;
+                t.daemon_stops(n, true);
+            }
+            Action::RefuseRestart(n) => {
+                let n = n as usize;
+                match s.agents[n].phase {
+                    Phase::Offline => {
+                        if s.budget.restarts == 0 || !s.restart_refused(n, &self.cfg) {
+                            return None;
+                        }
+                        // Nothing changes in etcd or on the device; the start exits.
+                        t.seen |= seen::RESTART_REFUSED;
+                        if t == *s {
+                            return None;
+                        }
+                    }
+                    Phase::Joined => {
+                        if !s.register_refused(n, &self.cfg) {
+                            return None;
+                        }
+                        // At `unfence`: the key is gone and this boot registered it
+                        // once already. Exit without registering (the membership
+                        // expires and the node is fenced as usual).
+                        t.seen |= seen::REGISTER_REFUSED;
+                        t.daemon_stops(n, true);
+                    }
+                    _ => return None,
+                }
             }
             _ => unreachable!("not an agent action"),
         }
@@ -776,6 +980,39 @@ impl ProtocolModel {
                     return None;
                 }
                 t.ctrls[c].alive = true;
+            }
+            Action::Reboot(n) => {
+                let n = n as usize;
+                if !self.cfg.host || s.budget.reboots == 0 {
+                    return None;
+                }
+                t.budget.reboots -= 1;
+                t.daemon_stops(n, false);
+                t.hosts[n] = Host {
+                    boot: s.hosts[n].boot + 1,
+                    writer: [false; A],
+                    writer_gen: 0,
+                };
+            }
+            Action::OperatorUnfence(n) => {
+                let n = n as usize;
+                // Refused while a member; only meaningful for a fenced node.
+                if !self.cfg.host
+                    || s.budget.unfences == 0
+                    || s.etcd.member[n].is_some()
+                    || s.etcd.done[n].is_none()
+                    || s.etcd.unfenced[n]
+                {
+                    return None;
+                }
+                t.budget.unfences -= 1;
+                // The operator's part, attested by the audited reason: the node's daemon
+                // and applications are stopped first.
+                t.daemon_stops(n, false);
+                t.hosts[n].writer = [false; A];
+                t.hosts[n].writer_gen = 0;
+                t.etcd.unfenced[n] = true;
+                t.etcd.reg_boot[n] = 0;
             }
             _ => unreachable!("not an environment action"),
         }
@@ -1107,8 +1344,8 @@ impl Model for ProtocolModel {
         for n in 0..N as u8 {
             let i = n as usize;
             match s.agents[i].phase {
-                Phase::Offline => out.push(Action::Join(n)),
-                Phase::Joined => out.push(Action::Unfence(n)),
+                Phase::Offline => out.extend([Action::Join(n), Action::RefuseRestart(n)]),
+                Phase::Joined => out.extend([Action::Unfence(n), Action::RefuseRestart(n)]),
                 Phase::Unfenced => out.push(Action::ClaimArena(n)),
                 Phase::Active => out.extend([Action::Quiesce(n), Action::ReleaseOwnArenas(n)]),
                 Phase::Quiesced => out.push(Action::ReleaseOwnArenas(n)),
@@ -1117,6 +1354,15 @@ impl Model for ProtocolModel {
             }
             if s.agents[i].phase != Phase::Offline {
                 out.push(Action::SelfFence(n));
+                if b.daemon_restarts > 0 {
+                    out.push(Action::DaemonRestart(n));
+                }
+            }
+            if b.reboots > 0 {
+                out.push(Action::Reboot(n));
+            }
+            if b.unfences > 0 && s.etcd.member[i].is_none() && s.etcd.done[i].is_some() {
+                out.push(Action::OperatorUnfence(n));
             }
             if b.expiries > 0 && s.etcd.member[i].is_some() {
                 out.push(Action::LeaseExpired(n));
@@ -1170,11 +1416,15 @@ impl Model for ProtocolModel {
             | Action::Quiesce(_)
             | Action::ReleaseOwnArenas(_)
             | Action::Depart(_)
-            | Action::SelfFence(_) => self.agent_step(s, act),
+            | Action::SelfFence(_)
+            | Action::DaemonRestart(_)
+            | Action::RefuseRestart(_) => self.agent_step(s, act),
             Action::LeaseExpired(_)
             | Action::ClaimLeaseExpired(_)
             | Action::Crash(_)
-            | Action::Restart(_) => self.env_step(s, act),
+            | Action::Restart(_)
+            | Action::Reboot(_)
+            | Action::OperatorUnfence(_) => self.env_step(s, act),
             Action::WatchDelete(_)
             | Action::WatchCompacted(_)
             | Action::WatchResume(_)
@@ -1248,9 +1498,22 @@ impl Model for ProtocolModel {
         if self.cfg.fencer == FencerKind::Nvme {
             props.push(Property::always(I1_FENCED_NO_WRITE, |_, s: &State| {
                 (0..N).all(|n| {
-                    (0..A)
-                        .all(|a| !s.can_write(n, a) || s.etcd.generation[n] == s.agents[n].gen_read)
+                    (0..A).all(|a| !s.can_write(n, a) || s.etcd.generation[n] == s.writer_gen(n, a))
                 })
+            }));
+        }
+        if self.cfg.host {
+            props.push(Property::sometimes(S_RESTART_REFUSED, |_, s: &State| {
+                s.seen & seen::RESTART_REFUSED != 0
+            }));
+            props.push(Property::sometimes(S_REGISTER_REFUSED, |_, s: &State| {
+                s.seen & seen::REGISTER_REFUSED != 0
+            }));
+            props.push(Property::sometimes(S_UNFENCE_REJOIN, |_, s: &State| {
+                s.seen & seen::UNFENCED_THEN_JOINED != 0
+            }));
+            props.push(Property::sometimes(S_REBOOT_REJOIN, |_, s: &State| {
+                s.seen & seen::REBOOTED_THEN_JOINED != 0
             }));
         }
         if self.cfg.start_expired {
@@ -1306,3 +1569,12 @@ pub const S_STALE_SNAPSHOT: &str = "recheck_intent refused an aged sweep snapsho
 pub const S_LOST_EVENT: &str = "a lost watch event fenced by the sweep";
 /// Reachability.
 pub const S_ARENA_REASSIGNED: &str = "a fenced node's arena reassigned";
+/// Reachability (host model).
+pub const S_RESTART_REFUSED: &str = "a fenced node's restart on the same boot refused";
+/// Reachability (host model).
+pub const S_UNFENCE_REJOIN: &str = "a fenced node rejoined after an operator's unfence";
+/// Reachability (host model).
+pub const S_REBOOT_REJOIN: &str = "a fenced node rejoined after its host rebooted";
+/// Reachability (host model).
+pub const S_REGISTER_REFUSED: &str =
+    "an instance that joined before a fence refused to register after it";

@@ -1,0 +1,298 @@
+//! `fenced audit`: the fence records, failed attempts included, readable — who fenced
+//! whom, what started it, the signals, the fencer's evidence, step durations, the
+//! generation before and after. One range read; nothing is written.
+
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fenced::NodeId;
+use fenced::store::{AuditItem, AuditView, json_text};
+
+use super::OpError;
+use super::status::Output;
+use crate::config::EtcdArgs;
+
+/// Version of the JSON documents of `fenced status -o json` and `fenced audit -o json`
+/// (fenced/README.md, "Stable JSON"): bumped only when a field is removed or changes
+/// meaning; fields may be added within a version.
+pub const JSON_VERSION: u32 = 1;
+
+#[derive(Debug, clap::Args)]
+pub struct AuditArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// Only the records of this node.
+    #[arg(long)]
+    node: Option<String>,
+    /// Only records from this time on: an age (`90s`, `15m`, `12h`, `7d`), an RFC 3339
+    /// UTC time (`2026-12-01T12:00:00Z`) or Unix seconds (`@1764590400`).
+    #[arg(long, value_parser = parse_since)]
+    since: Option<Since>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value = "text")]
+    output: Output,
+}
+
+/// A `--since` bound: an age or an absolute time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Since {
+    /// This long before now.
+    Ago(Duration),
+    /// Unix milliseconds.
+    At(u64),
+}
+
+impl Since {
+    /// The bound in Unix milliseconds, given `now_ms`.
+    pub fn unix_ms(self, now_ms: u64) -> u64 {
+        match self {
+            Self::Ago(d) => now_ms.saturating_sub(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            Self::At(ms) => ms,
+        }
+    }
+}
+
+/// Parses `--since`.
+pub fn parse_since(s: &str) -> Result<Since, String> {
+    let bad = || {
+        format!(
+            "{s:?} is not a time: use an age (90s, 15m, 12h, 7d), an RFC 3339 UTC time (2026-12-01T12:00:00Z) or Unix seconds (@1764590400)"
+        )
+    };
+    if let Some(secs) = s.strip_prefix('@') {
+        let secs: u64 = secs.parse().map_err(|_| bad())?;
+        return secs.checked_mul(1000).map(Since::At).ok_or_else(bad);
+    }
+    if let Some(ms) = parse_rfc3339_utc(s) {
+        return Ok(Since::At(ms));
+    }
+    let split = s.find(|c: char| !c.is_ascii_digit()).ok_or_else(bad)?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n.parse().map_err(|_| bad())?;
+    let per = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(per)
+        .map(|secs| Since::Ago(Duration::from_secs(secs)))
+        .ok_or_else(bad)
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (`month` 1..=12).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    // Count from 0000-03-01 so the leap day is the last day of the year.
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let m = i64::from(month);
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// The date of a day number (inverse of [`days_from_civil`]).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
+    let month = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// `YYYY-MM-DDTHH:MM:SS[.fff]Z` in Unix milliseconds (UTC only: `Z`).
+fn parse_rfc3339_utc(s: &str) -> Option<u64> {
+    let s = s.strip_suffix('Z').or_else(|| s.strip_suffix('z'))?;
+    let (date, time) = s.split_once(['T', 't', ' '])?;
+    let mut d = date.splitn(3, '-');
+    let year: i64 = d.next()?.parse().ok()?;
+    let month: u32 = d.next()?.parse().ok()?;
+    let day: u32 = d.next()?.parse().ok()?;
+    let (hms, frac) = time.split_once('.').unwrap_or((time, ""));
+    let mut t = hms.splitn(3, ':');
+    let h: u64 = t.next()?.parse().ok()?;
+    let m: u64 = t.next()?.parse().ok()?;
+    let sec: u64 = t.next()?.parse().ok()?;
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || sec > 60 {
+        return None;
+    }
+    let ms: u64 = match frac.len() {
+        0 => 0,
+        n if frac.bytes().all(|b| b.is_ascii_digit()) => {
+            let digits = &frac[..n.min(3)];
+            digits.parse::<u64>().ok()? * 10u64.pow(3 - u32::try_from(digits.len()).ok()?)
+        }
+        _ => return None,
+    };
+    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
+    Some(((days * 86_400 + h * 3600 + m * 60 + sec) * 1000) + ms)
+}
+
+/// Unix milliseconds as `YYYY-MM-DDTHH:MM:SS.mmmZ`.
+pub fn fmt_unix_ms(ms: u64) -> String {
+    let secs = ms / 1000;
+    let days = i64::try_from(secs / 86_400).unwrap_or(i64::MAX / 2);
+    let (y, mo, d) = civil_from_days(days);
+    let rem = secs % 86_400;
+    format!(
+        "{y:04}-{mo:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// The records of `view` at or after `since_ms`, oldest first.
+fn selected(view: &AuditView, since_ms: u64) -> Vec<&AuditItem> {
+    let mut items: Vec<&AuditItem> = view
+        .records
+        .iter()
+        .filter(|i| i.record.unix_ms >= since_ms)
+        .collect();
+    items.sort_by_key(|i| (i.record.unix_ms, i.key.clone()));
+    items
+}
+
+/// One record as text: a headline, then the evidence.
+pub fn render(item: &AuditItem) -> String {
+    let a = &item.record;
+    let outcome = if item.failed {
+        format!("FAILED attempt, generation stays {}", a.generation_before)
+    } else {
+        format!(
+            "fenced, generation {} -> {}",
+            a.generation_before, a.generation_after
+        )
+    };
+    let steps: Vec<String> = a.steps.iter().map(json_text).collect();
+    let mut out = format!(
+        "{}  {} (instance {}) {} by {}, trigger {}\n",
+        fmt_unix_ms(a.unix_ms),
+        item.node,
+        if a.instance.is_empty() {
+            "unknown"
+        } else {
+            &a.instance
+        },
+        outcome,
+        a.fenced_by,
+        json_text(&a.trigger),
+    );
+    out.push_str(&format!(
+        "    fencer {}: {}\n",
+        if a.fencer.is_empty() { "?" } else { &a.fencer },
+        a.fencer_result
+    ));
+    if !a.signals.is_empty() {
+        out.push_str(&format!("    signals: {}\n", a.signals.join("; ")));
+    }
+    out.push_str(&format!(
+        "    steps: {} (claim {} ms, fencer {} ms, total {} ms)\n",
+        steps.join(" > "),
+        a.claim_ms,
+        a.sever_ms,
+        a.total_ms
+    ));
+    if !a.arenas_released.is_empty() {
+        out.push_str(&format!(
+            "    arenas released: {}\n",
+            a.arenas_released.join(" ")
+        ));
+    }
+    out.push_str(&format!("    record: {}\n", item.key));
+    out
+}
+
+pub async fn audit(args: AuditArgs) -> Result<ExitCode, OpError> {
+    let node = args.node.as_deref().map(NodeId::new).transpose()?;
+    let store = super::connect(&args.etcd).await?;
+    let view = store
+        .audit_view(node.as_ref())
+        .await
+        .map_err(OpError::store("read the audit records"))?;
+    let since_ms = args.since.map_or(0, |s| s.unix_ms(now_unix_ms()));
+    let items = selected(&view, since_ms);
+    match args.output {
+        Output::Json => {
+            let doc = serde_json::json!({
+                "version": JSON_VERSION,
+                "revision": view.revision,
+                "records": items,
+                "malformed": view.malformed,
+            });
+            println!("{}", serde_json::to_string_pretty(&doc).unwrap_or_default());
+        }
+        Output::Text => {
+            if items.is_empty() {
+                println!(
+                    "no fence records{}",
+                    match &node {
+                        Some(n) => format!(" for {n}"),
+                        None => String::new(),
+                    }
+                );
+            }
+            for i in &items {
+                print!("{}", render(i));
+            }
+            for m in &view.malformed {
+                println!("malformed record {}: {} ({})", m.key, m.why, m.effect);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_forms() {
+        assert_eq!(parse_since("90s"), Ok(Since::Ago(Duration::from_secs(90))));
+        assert_eq!(parse_since("2h"), Ok(Since::Ago(Duration::from_secs(7200))));
+        assert_eq!(parse_since("@1764590400"), Ok(Since::At(1_764_590_400_000)));
+        assert_eq!(
+            parse_since("2026-12-01T12:00:00Z"),
+            Ok(Since::At(1_796_126_400_000))
+        );
+        assert_eq!(parse_since("1970-01-01T00:00:01.5Z"), Ok(Since::At(1500)));
+        for bad in [
+            "",
+            "x",
+            "5y",
+            "-5m",
+            "2026-13-01T00:00:00Z",
+            "@x",
+            "99999999999999999999d",
+        ] {
+            assert!(parse_since(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Since::Ago(Duration::from_secs(2)).unix_ms(5000), 3000);
+        assert_eq!(Since::Ago(Duration::from_secs(9)).unix_ms(5000), 0);
+    }
+
+    #[test]
+    fn times_round_trip() {
+        assert_eq!(fmt_unix_ms(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(fmt_unix_ms(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        for ms in [0, 1, 951_782_400_123, 1_796_126_400_000, 4_102_444_800_999] {
+            assert_eq!(parse_rfc3339_utc(&fmt_unix_ms(ms)), Some(ms));
+        }
+    }
+}

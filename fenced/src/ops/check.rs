@@ -1,0 +1,302 @@
+//! `fenced check`: a monitoring-plugin style check (Nagios, Icinga, Sensu, a
+//! Prometheus textfile script): one summary line, exit 0 OK, 1 WARNING, 2 CRITICAL,
+//! 3 UNKNOWN. It reads the one status read and probes each endpoint once; nothing is
+//! written.
+
+use std::fmt;
+use std::process::ExitCode;
+
+use fenced::store::{Status, StoreOptions, probe_endpoints};
+
+use super::OpError;
+use super::audit::now_unix_ms;
+use crate::config::{self, EtcdArgs, EtcdSettings};
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// WARNING when a fence has been owed this long (seconds since the node's last
+    /// lease renewal).
+    #[arg(long, default_value_t = 10)]
+    owed_warning_secs: u64,
+    /// CRITICAL when a fence has been owed this long.
+    #[arg(long, default_value_t = 60)]
+    owed_critical_secs: u64,
+    /// WARNING when fewer nodes than this hold membership.
+    #[arg(long)]
+    expect_members: Option<usize>,
+}
+
+/// A check's result, ordered by severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    Ok,
+    Warning,
+    Critical,
+    Unknown,
+}
+
+impl Level {
+    fn code(self) -> u8 {
+        match self {
+            Self::Ok => 0,
+            Self::Warning => 1,
+            Self::Critical => 2,
+            Self::Unknown => 3,
+        }
+    }
+}
+
+impl fmt::Display for Level {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ok => "OK",
+            Self::Warning => "WARNING",
+            Self::Critical => "CRITICAL",
+            Self::Unknown => "UNKNOWN",
+        })
+    }
+}
+
+/// Thresholds of a check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Thresholds {
+    /// WARNING at an owed fence this old (ms).
+    pub owed_warning_ms: u64,
+    /// CRITICAL at an owed fence this old (ms).
+    pub owed_critical_ms: u64,
+    /// WARNING below this many members.
+    pub expect_members: Option<usize>,
+}
+
+/// The verdict on what the cluster's records and endpoints show at `now_ms`: the
+/// level and the summary (problems first, worst first).
+pub fn verdict(
+    s: &Status,
+    endpoints: &[(String, Option<String>)],
+    t: Thresholds,
+    now_ms: u64,
+) -> (Level, String) {
+    let mut level = Level::Ok;
+    let mut problems: Vec<(Level, String)> = Vec::new();
+    let mut owed = 0;
+    for (node, row) in &s.nodes {
+        let Some(o) = &row.owed else { continue };
+        owed += 1;
+        let (l, age) = match o.since_unix_ms {
+            Some(since) => {
+                let age = now_ms.saturating_sub(since);
+                let l = if age >= t.owed_critical_ms {
+                    Level::Critical
+                } else if age >= t.owed_warning_ms {
+                    Level::Warning
+                } else {
+                    Level::Ok
+                };
+                (l, format!("{}s", age / 1000))
+            }
+            // Never renewed: its age cannot be told; not OK, not proven late.
+            None => (Level::Warning, "unknown time".to_owned()),
+        };
+        if l > Level::Ok {
+            let by = o
+                .in_progress_by
+                .as_deref()
+                .map_or(String::new(), |b| format!(", claimed by {b}"));
+            problems.push((l, format!("fence of {node} owed for {age} ({}{by})", o.why)));
+        }
+    }
+    let members = s.nodes.values().filter(|r| r.member).count();
+    if let Some(want) = t.expect_members
+        && members < want
+    {
+        let missing: Vec<&str> = s
+            .nodes
+            .iter()
+            .filter(|(_, r)| !r.member)
+            .map(|(n, _)| n.as_str())
+            .collect();
+        problems.push((
+            Level::Warning,
+            format!(
+                "{members} of {want} expected members (not members: {})",
+                if missing.is_empty() {
+                    "none known".to_owned()
+                } else {
+                    missing.join(" ")
+                }
+            ),
+        ));
+    }
+    let out: Vec<&(String, Option<String>)> =
+        endpoints.iter().filter(|(_, t)| t.is_some()).collect();
+    for (ep, trouble) in &out {
+        problems.push((
+            Level::Warning,
+            format!(
+                "etcd endpoint {ep} out of rotation: {}",
+                trouble.as_deref().unwrap_or_default()
+            ),
+        ));
+    }
+    if !s.malformed.is_empty() {
+        problems.push((
+            Level::Warning,
+            format!(
+                "{} malformed record(s), first {} ({}); see fenced status",
+                s.malformed.len(),
+                s.malformed[0].key,
+                s.malformed[0].why
+            ),
+        ));
+    }
+    problems.sort_by_key(|p| std::cmp::Reverse(p.0));
+    if let Some((l, _)) = problems.first() {
+        level = *l;
+    }
+    let mut summary: Vec<String> = problems.into_iter().map(|(_, p)| p).collect();
+    if summary.is_empty() {
+        summary.push("no fence owed beyond thresholds".to_owned());
+    }
+    let line = format!(
+        "FENCED {level} - {} | owed={owed} members={members} malformed={} endpoints_out={}",
+        summary.join("; "),
+        s.malformed.len(),
+        out.len()
+    );
+    (level, line.replace('\n', " "))
+}
+
+pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
+    let t = Thresholds {
+        owed_warning_ms: args.owed_warning_secs.saturating_mul(1000),
+        owed_critical_ms: args.owed_critical_secs.saturating_mul(1000),
+        expect_members: args.expect_members,
+    };
+    // Anything that keeps the check from reading the records is UNKNOWN (3), as
+    // monitoring plugins report "could not check", never OK.
+    let unknown = |e: &dyn std::error::Error| {
+        println!("FENCED UNKNOWN - {}", crate::one_line(e));
+        Ok(ExitCode::from(Level::Unknown.code()))
+    };
+    let store = match super::connect(&args.etcd).await {
+        Ok(s) => s,
+        Err(e) => return unknown(&e),
+    };
+    let status = match store.status().await {
+        Ok(s) => s,
+        Err(e) => return unknown(&OpError::store("read the cluster status")(e)),
+    };
+    let file = match config::load_file(args.etcd.config.as_deref()) {
+        Ok(f) => f,
+        Err(e) => return unknown(&e),
+    };
+    let settings = EtcdSettings::resolve(&args.etcd, &file);
+    let endpoints = probe_endpoints(
+        &settings.endpoints,
+        store.keys().root(),
+        &StoreOptions::default(),
+    )
+    .await;
+    let (level, line) = verdict(&status, &endpoints, t, now_unix_ms());
+    println!("{line}");
+    Ok(ExitCode::from(level.code()))
+}
+
+#[cfg(test)]
+mod tests {
+    use fenced::store::{MalformedRecord, NodeRow, Owed};
+
+    use super::*;
+
+    fn status(rows: &[(&str, NodeRow)]) -> Status {
+        Status {
+            nodes: rows
+                .iter()
+                .map(|(n, r)| ((*n).to_owned(), r.clone()))
+                .collect(),
+            ..Status::default()
+        }
+    }
+
+    fn owed(since: Option<u64>) -> NodeRow {
+        NodeRow {
+            owed: Some(Owed {
+                why: "not a member and never fenced".into(),
+                intent_recorded: false,
+                in_progress_by: None,
+                since_unix_ms: since,
+            }),
+            ..NodeRow::default()
+        }
+    }
+
+    const T: Thresholds = Thresholds {
+        owed_warning_ms: 10_000,
+        owed_critical_ms: 60_000,
+        expect_members: Some(2),
+    };
+
+    #[test]
+    fn levels() {
+        let member = NodeRow {
+            member: true,
+            ..NodeRow::default()
+        };
+        let ok = status(&[("n1", member.clone()), ("n2", member.clone())]);
+        let (l, line) = verdict(&ok, &[], T, 100_000);
+        assert_eq!(l, Level::Ok, "{line}");
+        assert!(line.starts_with("FENCED OK - "), "{line}");
+
+        // Owed 5 s: still OK (a fence takes a moment); 30 s: WARNING; 70 s: CRITICAL.
+        for (since, want) in [
+            (95_000, Level::Warning), // members 1 of 2 is a warning too
+            (70_000, Level::Warning),
+            (30_000, Level::Critical),
+        ] {
+            let s = status(&[("n1", member.clone()), ("n2", owed(Some(since)))]);
+            let (l, line) = verdict(&s, &[], T, 100_000);
+            assert_eq!(l, want, "{line}");
+        }
+        let s = status(&[("n1", member.clone()), ("n2", owed(Some(30_000)))]);
+        let (_, line) = verdict(&s, &[], T, 100_000);
+        assert!(
+            line.starts_with("FENCED CRITICAL - fence of n2 owed for 70s"),
+            "{line}"
+        );
+        assert!(
+            line.contains("1 of 2 expected members (not members: n2)"),
+            "{line}"
+        );
+        assert_eq!(line.lines().count(), 1);
+
+        // Age unknown: WARNING, never OK.
+        let s = status(&[
+            ("n1", member.clone()),
+            ("n2", member.clone()),
+            ("n3", owed(None)),
+        ]);
+        assert_eq!(verdict(&s, &[], T, 100_000).0, Level::Warning);
+
+        // An endpoint out of rotation, a malformed record: WARNING.
+        let eps = vec![
+            ("http://a".to_owned(), None),
+            (
+                "http://b".to_owned(),
+                Some("refuses connections".to_owned()),
+            ),
+        ];
+        let (l, line) = verdict(&ok, &eps, T, 100_000);
+        assert_eq!(l, Level::Warning);
+        assert!(line.contains("http://b out of rotation"), "{line}");
+        let mut bad = ok.clone();
+        bad.malformed.push(MalformedRecord {
+            key: "/r/gen/zz".into(),
+            why: "not a number".into(),
+            effect: "kept",
+            mod_revision: 1,
+        });
+        assert_eq!(verdict(&bad, &[], T, 100_000).0, Level::Warning);
+    }
+}
