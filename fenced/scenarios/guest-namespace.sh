@@ -38,7 +38,7 @@ nguid() { nvme id-ns "$1" -o json | tr -d ' \n' | sed -n 's/.*"nguid":"\([0-9a-f
 # run_node NAME DEVICE LOG: a daemon in the background, pid in $PID.
 run_node() {
   fenced run --node-id "$1" --instance-id "guest-$1" --block-device "$2" --fencer nvme \
-    --etcd-endpoints $EP --root $ROOT --ttl-secs 3 --sweep-secs 2 --claim-ttl-secs 20 \
+    --etcd-endpoints $EP --root $ROOT --ttl-secs 5 --sweep-secs 3 --claim-ttl-secs 30 \
     --pid-file "/tmp/$1.pid" >"$3" 2>&1 &
   PID=$!
 }
@@ -111,7 +111,7 @@ twice() {
   fi
   [ "$(refusals)" -ge 2 ]
 }
-until_ 40 "two refused attempts on n2 by n3's controller" twice
+until_ 90 "two refused attempts on n2 by n3's controller" twice
 grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1
 grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1 | grep "NGUID $N1" | grep -q "NGUID $N3" || die "the refusal does not name both identities"
 st
@@ -124,7 +124,7 @@ say "PASS: the controller on nsid 3 refused $(refusals) times; n2 owed, generati
 # 4. A controller on the shared namespace completes it.
 run_node n1 "$A" /tmp/n1.log; PID1=$PID
 bumped() { [ "$(gen_of n2)" = 1 ]; }
-until_ 60 "n1 to complete n2's fence" bumped
+until_ 90 "n1 to complete n2's fence" bumped
 sleep 3
 [ "$(gen_of n2)" = 1 ] || die "n2 bumped more than once"
 row_of n2 | grep -q 'OWED' && die "n2's fence still owed: $(row_of n2)"
