@@ -222,6 +222,12 @@ pub struct RunArgs {
     /// of /proc/sysrq-trigger (a test points it at a temporary file).
     #[arg(long, env = "FENCED_SYSRQ_TRIGGER_FILE")]
     pub sysrq_trigger_file: Option<PathBuf>,
+    /// Run with reservations on a namespace that reports neither an NGUID nor an
+    /// EUI-64. Without either, fenced cannot tell the shared namespace from another
+    /// namespace of the same subsystem (only the subsystem NQN is compared), so it
+    /// refuses unless told. Command line / env only, on purpose.
+    #[arg(long, env = "FENCED_ALLOW_UNIDENTIFIED_NAMESPACE")]
+    pub allow_unidentified_namespace: bool,
 }
 
 /// A configuration that cannot be used; each says which setting and what to change.
@@ -597,6 +603,7 @@ pub struct Settings {
     pub on_fence: OnFenceConfig,
     /// Where this boot's id is read.
     pub boot_id_file: PathBuf,
+    pub allow_unidentified_namespace: bool,
 }
 
 impl Settings {
@@ -758,6 +765,7 @@ impl Settings {
                 .boot_id_file
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(fenced::agent::BOOT_ID_FILE)),
+            allow_unidentified_namespace: cli.allow_unidentified_namespace,
         })
     }
 }

@@ -14,6 +14,8 @@
 //! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
 //! <root>/instance/<node>              instance id the node last joined with
 //! <root>/boot/<node>                  JSON: boot id and generation of the last join
+//! <root>/namespace                    create-only, JSON identity of the shared
+//!                                     namespace (NGUID, EUI-64, subsystem NQN)
 //! ```
 //!
 //! Everything read back from etcd is decoded by the functions here (`decode_*` and
@@ -261,6 +263,12 @@ impl Keys {
     /// The root, ending in `/`.
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// `namespace`: the identity of the shared namespace, recorded by the first join
+    /// (create-only).
+    pub fn namespace(&self) -> String {
+        format!("{}namespace", self.root)
     }
 
     node_key!(

@@ -50,6 +50,10 @@ pub struct AgentConfig {
     pub boot_id: Option<String>,
     /// What to do to the rest of the host when this agent self-fences.
     pub on_fence: OnFenceConfig,
+    /// Our device's namespace identity: recorded as the shared namespace at the first
+    /// join, compared at every later join (a different namespace is refused before
+    /// anything is registered). `None`: no check (no reservation device).
+    pub namespace: Option<nvme_resv::NamespaceIdentity>,
 }
 
 impl AgentConfig {
@@ -69,14 +73,17 @@ impl AgentConfig {
             leave_timeout: Duration::from_secs(20),
             boot_id: None,
             on_fence: OnFenceConfig::default(),
+            namespace: None,
         }
     }
 }
 
 pub mod boot;
+pub mod identity;
 mod keepalive;
 mod leave;
 pub mod on_fence;
+mod own_membership;
 
 pub use boot::{BOOT_ID_FILE, FencedSameBoot, read_boot_id};
 pub use on_fence::{OnFence, OnFenceConfig, OnFenceOutcome};
@@ -176,6 +183,20 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// Our device is not the namespace recorded as the cluster's shared one.
+    #[error(
+        "{node} refuses to join: its device is not the cluster's shared namespace (recorded at {key}: {recorded}; this node's device: {ours}); nothing was registered. Point --block-device at the shared namespace (/dev/disk/by-id/ names do not move between boots)"
+    )]
+    WrongNamespace {
+        /// Our node.
+        node: NodeId,
+        /// The record's key.
+        key: String,
+        /// The recorded namespace.
+        recorded: Box<nvme_resv::NamespaceIdentity>,
+        /// Our device's.
+        ours: Box<nvme_resv::NamespaceIdentity>,
+    },
     /// Our membership was gone before we adopted our arenas: peers will fence us, so
     /// we must not start I/O.
     #[error("membership of {node} lost during start-up (lease expired): not adopting arenas")]
@@ -256,6 +277,9 @@ impl Agent {
         // Before any write: a node fenced since its last join does not come back on
         // the same boot.
         let mut seen = Self::check_restart(&store, &cfg).await?;
+        if let Some(ours) = &cfg.namespace {
+            identity::check_namespace(&store, &cfg.node, ours).await?;
+        }
         let lease = store.grant(cfg.ttl).await?;
         let granted_at = Instant::now();
         let (keepalive, renewals) = spawn_keepalive(
@@ -492,10 +516,16 @@ impl Agent {
         let mut tick_wd = tokio::time::interval(Duration::from_millis(100));
         let mut tick_dev = tokio::time::interval(self.cfg.device_check_interval);
         let conflict = self.gate.conflict.clone();
-        tokio::pin!(leave);
+        let lost = own_membership::lost(
+            self.store.clone(),
+            self.cfg.node.clone(),
+            self.joined.membership_rev,
+        );
+        tokio::pin!(leave, lost);
         loop {
             tokio::select! {
                 _ = &mut leave => return self.leave(watchdog, renewals).await,
+                reason = &mut lost => return self.self_fence(reason),
                 _ = conflict.notified() => {
                     return self.self_fence("a write failed with a reservation conflict: this node was fenced".into());
                 }
