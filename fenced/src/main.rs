@@ -8,12 +8,13 @@
 
 mod config;
 mod daemon;
+mod generate;
 mod ops;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{ConfigError, RunArgs, Settings};
 use crate::daemon::DaemonError;
@@ -58,6 +59,9 @@ enum Cmd {
     Attest(ops::attest::AttestArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
     Leave(ops::leave::LeaveArgs),
+    /// Man pages and shell completions, for packaging.
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Why a command failed; printed as one line `fenced: ...` with its causes.
@@ -71,6 +75,8 @@ enum Error {
     Op(#[from] OpError),
     #[error(transparent)]
     Leave(#[from] ops::leave::LeaveError),
+    #[error(transparent)]
+    Generate(#[from] generate::GenerateError),
 }
 
 /// The error and its causes on one line; a cause already quoted by the message
@@ -102,6 +108,10 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
+        Cmd::Generate(args) => {
+            generate::generate(args, Cli::command())?;
+            ExitCode::SUCCESS
+        }
     })
 }
 
