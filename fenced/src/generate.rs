@@ -60,3 +60,75 @@ fn error_in(what: &'static str, dir: &Path) -> impl Fn(std::io::Error) -> Genera
         source,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Top {
+        #[command(flatten)]
+        args: GenerateArgs,
+    }
+
+    fn args(words: &[&str]) -> GenerateArgs {
+        Top::try_parse_from(std::iter::once("generate").chain(words.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    fn command() -> clap::Command {
+        clap::Command::new("fenced")
+            .version("1.2.3")
+            .subcommand(
+                clap::Command::new("run").arg(
+                    clap::Arg::new("node_id")
+                        .long("node-id")
+                        .env("FENCED_NODE_ID")
+                        .help("This node's id"),
+                ),
+            )
+            .subcommand(clap::Command::new("secret").hide(true))
+    }
+
+    #[test]
+    fn man_pages_per_visible_command_with_env_vars() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("new/man");
+        let d = out.to_str().unwrap();
+        generate(args(&["man", d]), command()).unwrap();
+        let mut names: Vec<String> = std::fs::read_dir(&out)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["fenced-run.1", "fenced.1"],
+            "hidden commands get no page"
+        );
+        let run = std::fs::read_to_string(out.join("fenced-run.1")).unwrap();
+        assert!(
+            run.contains("FENCED_NODE_ID") && run.contains("This node\\*(Aqs id"),
+            "{run}"
+        );
+    }
+
+    #[test]
+    fn completions_and_errors_naming_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().to_str().unwrap();
+        generate(args(&["completions", "bash", d]), command()).unwrap();
+        let bash = std::fs::read_to_string(dir.path().join("fenced.bash")).unwrap();
+        assert!(bash.contains("--node-id"), "{bash}");
+        let file = dir.path().join("fenced.bash");
+        let f = file.to_str().unwrap();
+        let e = generate(args(&["man", f]), command()).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot write the man pages into {f}: ")),
+            "{e}"
+        );
+    }
+}
