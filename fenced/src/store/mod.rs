@@ -34,6 +34,7 @@ mod health;
 mod identity;
 mod membership;
 mod operator;
+mod rows;
 mod view;
 
 pub use error::StoreError;
