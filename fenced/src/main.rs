@@ -9,12 +9,13 @@
 mod config;
 mod control;
 mod daemon;
+mod generate;
 mod logging;
 mod ops;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{ConfigError, RunArgs, Settings};
 use crate::daemon::DaemonError;
@@ -65,6 +66,9 @@ enum Cmd {
     /// a reboot of its host (audited; refused while the node is a member). Only once
     /// nothing on that host still writes the shared device.
     Unfence(ops::unfence::UnfenceArgs),
+    /// Man pages and shell completions, for packaging.
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Why a command failed; printed as one line `fenced: ...` with its causes.
@@ -78,6 +82,8 @@ enum Error {
     Op(#[from] OpError),
     #[error(transparent)]
     Leave(#[from] ops::leave::LeaveError),
+    #[error(transparent)]
+    Generate(#[from] generate::GenerateError),
 }
 
 /// The error and its causes on one line; a cause already quoted by the message
@@ -110,6 +116,10 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Attest(args) => ops::attest::attest(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
         Cmd::Unfence(args) => ops::unfence::unfence(args).await?,
+        Cmd::Generate(args) => {
+            generate::generate(args, Cli::command())?;
+            ExitCode::SUCCESS
+        }
     })
 }
 
