@@ -22,7 +22,9 @@ pub const EXIT_SELF_FENCED: u8 = 3;
 /// Exit code of a leave that could not complete (peers will fence).
 pub const EXIT_LEAVE_INCOMPLETE: u8 = 4;
 /// Exit code of a start refused because this node was fenced since its last join and
-/// the host has not rebooted (nothing written to etcd, no reservation command).
+/// the host has not rebooted (nothing written to etcd, no reservation command), or
+/// because its key was removed from the device on this boot (the once-per-boot rule:
+/// joined, not registered; its membership expires).
 pub const EXIT_FENCED_SAME_BOOT: u8 = 5;
 /// Longest pause between two attempts to reach etcd.
 const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(10);
@@ -354,6 +356,14 @@ fn fenced_same_boot(e: &fenced::agent::FencedSameBoot) -> ExitCode {
     ExitCode::from(EXIT_FENCED_SAME_BOOT)
 }
 
+/// A registration refused by the once-per-boot rule (joined, key gone from the device,
+/// an earlier daemon on this boot registered it): the message, and exit status 5.
+fn key_removed_same_boot(e: &fenced::agent::KeyRemovedSameBoot) -> ExitCode {
+    tracing::error!(step = "unfence", node = %e.node, boot_id = %e.boot_id, "refusing to register: the key was removed from the device on this boot");
+    eprintln!("fenced: {e}");
+    ExitCode::from(EXIT_FENCED_SAME_BOOT)
+}
+
 /// A watchdog is a character device (or a regular file standing in for one, as in
 /// tests: it is warned about). It is opened, and so armed, only by the agent; a FIFO
 /// would block that open and a directory cannot be written, so both are refused here,
@@ -467,6 +477,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     cfg.namespace = namespace;
     let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
         Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+        Err(AgentError::KeyRemovedSameBoot(e)) => return Ok(key_removed_same_boot(&e)),
         r => r.map_err(|source| DaemonError::Agent { source })?,
     };
     let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::core::{BumpOutcome, ClaimOutcome, SweepSnapshot, Victim};
 use crate::node::NodeId;
-use crate::store::{Abort, ClaimGuard, EtcdStore, Finish, StoreError};
+use crate::store::{Abort, BootRecord, ClaimGuard, EtcdStore, Finish, StoreError};
 
 /// The store operations of the fence path (`claim` → Fencer → `finish` or `abort`) and
 /// of the sweep (`sweep_snapshot`, `drop_stale`). Every method is one etcd transaction
@@ -76,13 +76,14 @@ pub trait LeaveStore: Clone + Send + Sync + 'static {
         arena: &str,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Writes `departed/<node>` and deletes our membership (`false`: not a member any
-    /// more, nothing written).
+    /// Writes `departed/<node>` (and `boot/<node>` = `boot`, when given) and deletes
+    /// our membership (`false`: not a member any more, nothing written).
     fn depart(
         &self,
         node: &NodeId,
         instance: &str,
         membership_rev: i64,
+        boot: Option<&BootRecord>,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
@@ -105,8 +106,9 @@ impl LeaveStore for EtcdStore {
         node: &NodeId,
         instance: &str,
         membership_rev: i64,
+        boot: Option<&BootRecord>,
     ) -> Result<bool, StoreError> {
-        EtcdStore::depart(self, node, instance, membership_rev).await
+        EtcdStore::depart(self, node, instance, membership_rev, boot).await
     }
 }
 

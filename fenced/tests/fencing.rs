@@ -148,7 +148,7 @@ async fn expired_node_cannot_forge_its_departure() {
     .await;
     // It comes back and tries to declare its departure intentional: refused.
     let n2 = node("n2");
-    assert!(!store.depart(&n2, "i-n2", rev2).await.unwrap());
+    assert!(!store.depart(&n2, "i-n2", rev2, None).await.unwrap());
     assert!(
         !store
             .status()

@@ -416,3 +416,145 @@ async fn a_join_is_refused_when_the_generation_moved_since_the_check() {
         "a refused join rewrote the boot record"
     );
 }
+
+/// Starts node `n`'s agent on the cluster's shared namespace, on boot `boot`.
+async fn start_on_boot(
+    c: &common::Cluster,
+    n: &str,
+    boot: &str,
+) -> Result<fenced::agent::Agent, fenced::agent::AgentError> {
+    let mut cfg = c.agent_cfg(n, 0);
+    cfg.boot_id = Some(boot.into());
+    fenced::agent::Agent::start(
+        c.store().await,
+        cfg,
+        Some(std::sync::Arc::new(c.host(n))),
+        common::key_of(n),
+    )
+    .await
+}
+
+/// A daemon that dies without leaving (SIGKILL, a crash): its lease goes at once (so
+/// the next start need not wait for it), and its key stays on the device.
+async fn die(c: &common::Cluster, agent: fenced::agent::Agent) {
+    let lease = agent.lease();
+    drop(agent);
+    c.store().await.revoke(lease).await.unwrap();
+}
+
+fn registered(c: &common::Cluster, n: &str) -> bool {
+    use nvme_resv::Reservations;
+    c.host("n0")
+        .report()
+        .unwrap()
+        .registrants
+        .iter()
+        .any(|r| r.rkey == common::key_of(n))
+}
+
+/// The fence's `sever`, done by n0's host: preempt (and abort) n1's key. The fence
+/// has not completed (no bump), so the start check alone lets n1 in.
+fn preempt(c: &common::Cluster, victim: &str) {
+    use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, Reservations};
+    let h = c.host("n0");
+    h.register(&Register {
+        rrega: RegisterAction::Register,
+        crkey: Key(0),
+        nrkey: common::key_of("n0"),
+        iekey: false,
+        cptpl: Cptpl::NoChange,
+    })
+    .unwrap();
+    h.acquire(&Acquire {
+        racqa: AcquireAction::PreemptAndAbort,
+        rtype: fenced::fencer::RESERVATION_TYPE,
+        crkey: common::key_of("n0"),
+        prkey: common::key_of(victim),
+        iekey: false,
+    })
+    .unwrap();
+    assert!(!registered(c, victim), "preempted");
+}
+
+/// The once-per-boot rule (the model's finding 4): an instance that joins before a
+/// fence completes passes the restart check; if the fence preempts the key meanwhile,
+/// registering it again would let an application an earlier instance fed (still
+/// running) write again. Real etcd, the in-memory namespace: n1's daemon registers on
+/// boot b1 and dies; a fence preempts n1's key (not finished: no bump); a new daemon on
+/// b1 joins, finds the key gone, and refuses to register (nothing sent to the device,
+/// n1's host still cannot write). A new boot registers again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_removed_on_this_boot_is_not_registered_again() {
+    use fenced::agent::AgentError;
+    let c = common::Cluster::new();
+    let a = start_on_boot(&c, "n1", "b1").await.expect("first start");
+    assert!(common::device::can_write(&c.host("n1")));
+    die(&c, a).await;
+    preempt(&c, "n1");
+    let store = c.store().await;
+    let n1 = common::node("n1");
+    assert_eq!(store.generation(&n1).await.unwrap().0, 0, "not fenced yet");
+
+    let e = start_on_boot(&c, "n1", "b1").await.unwrap_err();
+    let AgentError::KeyRemovedSameBoot(e) = e else {
+        panic!("registered again on the same boot: {e}");
+    };
+    assert!(
+        e.to_string()
+            .contains("key was removed from the device on this boot"),
+        "{e}"
+    );
+    assert!(!registered(&c, "n1"), "registered again on the same boot");
+    assert!(!common::device::can_write(&c.host("n1")));
+
+    // A reboot ended every writer of b1: register again.
+    let b = start_on_boot(&c, "n1", "b2")
+        .await
+        .expect("start after a reboot");
+    assert!(registered(&c, "n1"));
+    assert!(common::device::can_write(&c.host("n1")));
+    drop(b);
+}
+
+/// A clean leave unregisters the key and records `by: leave`: a restart on the same
+/// boot (`systemctl restart fenced`) registers again. But an instance that found the
+/// key already registered (an earlier instance's, whose application may still run)
+/// does not record it: after its leave, the next start on this boot is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leave_lets_the_next_start_on_this_boot_register_only_if_it_registered() {
+    use fenced::agent::{AgentError, AgentExit};
+    let c = common::Cluster::new();
+    let store = c.store().await;
+    let n1 = common::node("n1");
+    let a = start_on_boot(&c, "n1", "b1").await.expect("first start");
+    assert_eq!(
+        common::RunningAgent::spawn(a).leave().await,
+        AgentExit::Left
+    );
+    assert!(!registered(&c, "n1"), "the leave unregistered the key");
+    let rec = store.restart_state(&n1).await.unwrap().boot.unwrap();
+    assert_eq!((rec.boot_id.as_str(), rec.by.as_str()), ("b1", "leave"));
+
+    // Same boot after the leave: registers again.
+    let b = start_on_boot(&c, "n1", "b1")
+        .await
+        .expect("restart after a leave");
+    assert!(registered(&c, "n1"));
+    assert!(common::device::can_write(&c.host("n1")));
+    // It dies without leaving; the next instance finds the key registered (b's), so it
+    // did not register it, and its leave keeps the join's record.
+    die(&c, b).await;
+    let d = start_on_boot(&c, "n1", "b1")
+        .await
+        .expect("restart after a crash");
+    assert_eq!(
+        common::RunningAgent::spawn(d).leave().await,
+        AgentExit::Left
+    );
+    assert!(!registered(&c, "n1"));
+    let rec = store.restart_state(&n1).await.unwrap().boot.unwrap();
+    assert_eq!((rec.boot_id.as_str(), rec.by.as_str()), ("b1", "join"));
+    let e = start_on_boot(&c, "n1", "b1").await.unwrap_err();
+    assert!(matches!(e, AgentError::KeyRemovedSameBoot(_)), "{e}");
+    assert!(!registered(&c, "n1"));
+}

@@ -14,7 +14,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::node::NodeId;
-use crate::store::RestartState;
+use crate::store::{BootRecord, RestartState};
 
 /// Where the kernel publishes this boot's id (a random UUID per boot).
 pub const BOOT_ID_FILE: &str = "/proc/sys/kernel/random/boot_id";
@@ -97,10 +97,52 @@ pub fn check_restart(
     }
 }
 
+/// A registration refused by the once-per-boot rule: what happened and what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{node}'s reservation key is not registered on the device, but an earlier daemon on \
+     this same boot (boot id {boot_id}) joined and registered it: the key was removed from \
+     the device on this boot, so this host was fenced (or is being fenced). Refusing to \
+     register it again, since an application that earlier daemon fed could then write \
+     again. Reboot the host, or, once nothing on this host still writes the shared device, \
+     run `fenced unfence --node-id {node} --reason \"...\"` and start fenced again"
+)]
+pub struct KeyRemovedSameBoot {
+    /// The node.
+    pub node: NodeId,
+    /// The boot id, unchanged since the earlier join.
+    pub boot_id: String,
+}
+
+/// The once-per-boot rule at `unfence`, pure (fence_scsi's rule; the stateright
+/// model's `register_once_per_boot`, finding 4): an instance that joined before a
+/// fence passes [`check_restart`] and could register its key after the fence preempted
+/// it, letting an application an earlier instance fed write again. So the key is
+/// registered at most once per boot: refused when it is not on the device and
+/// `previous` (the boot record read at start, before this join rewrote it) says an
+/// earlier join on this same boot, with no `fenced unfence` nor clean leave since.
+/// Allowed: the key is still registered (nothing to do), no record, another boot (a
+/// reboot ended every writer), or the record was written by `unfence` or `leave`.
+pub fn check_register(
+    node: &NodeId,
+    previous: Option<&BootRecord>,
+    boot_id: &str,
+    key_registered: bool,
+) -> Result<(), KeyRemovedSameBoot> {
+    match previous {
+        Some(b) if !key_registered && b.boot_id == boot_id && b.by == BootRecord::BY_JOIN => {
+            Err(KeyRemovedSameBoot {
+                node: node.clone(),
+                boot_id: boot_id.to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::BootRecord;
 
     fn state(boot: Option<(&str, u64)>, generation: u64) -> RestartState {
         RestartState {
@@ -133,6 +175,31 @@ mod tests {
         check_restart(&n, &state(Some(("b1", 1)), 1), "b1").unwrap();
         // Never joined with a boot id: allowed.
         check_restart(&n, &state(None, 4), "b1").unwrap();
+    }
+
+    #[test]
+    fn the_key_is_registered_at_most_once_per_boot() {
+        let n = NodeId::new("n1").unwrap();
+        let rec = |id: &str, by: &str| BootRecord {
+            boot_id: id.into(),
+            generation: 0,
+            by: by.into(),
+        };
+        let join = rec("b1", BootRecord::BY_JOIN);
+        // Key gone, an earlier join on this boot registered it: refused.
+        let e = check_register(&n, Some(&join), "b1", false).unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("removed from the device on this boot"), "{m}");
+        assert!(m.contains("Reboot the host"), "{m}");
+        assert!(m.contains("fenced unfence --node-id n1 --reason"), "{m}");
+        // The key is still there: nothing is registered, nothing to refuse.
+        check_register(&n, Some(&join), "b1", true).unwrap();
+        // Another boot, no record: allowed.
+        check_register(&n, Some(&join), "b2", false).unwrap();
+        check_register(&n, None, "b1", false).unwrap();
+        // An operator's unfence or a clean leave since: allowed.
+        check_register(&n, Some(&rec("b1", BootRecord::BY_UNFENCE)), "b1", false).unwrap();
+        check_register(&n, Some(&rec("b1", BootRecord::BY_LEAVE)), "b1", false).unwrap();
     }
 
     #[test]

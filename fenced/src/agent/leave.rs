@@ -10,7 +10,7 @@ use super::blocking;
 use crate::fencer::{Device, key_registered};
 use crate::node::NodeId;
 use crate::ports::LeaveStore;
-use crate::store::StoreError;
+use crate::store::{BootRecord, StoreError};
 
 /// Why a leave is incomplete (no departure marker was written, or it may have been).
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +119,7 @@ pub(super) async fn leave_steps<S: LeaveStore>(
     instance: String,
     membership_rev: i64,
     device: Option<(Device, Key)>,
+    boot: Option<BootRecord>,
     deadline: Instant,
 ) -> Result<(), LeaveFailure> {
     if let Some((device, key)) = device {
@@ -145,7 +146,7 @@ pub(super) async fn leave_steps<S: LeaveStore>(
     // etcd: then the retry is refused although we departed. Say so rather than guess.
     let lost_answer = std::sync::atomic::AtomicBool::new(false);
     let departed = retry_unreachable(&node, "departure transaction", deadline, || {
-        let attempt = store.depart(&node, &instance, membership_rev);
+        let attempt = store.depart(&node, &instance, membership_rev, boot.as_ref());
         let lost = &lost_answer;
         async move {
             let r = attempt.await;
@@ -186,9 +187,17 @@ mod tests {
         let rev = store.join(&n("n1"), "i-1");
         store.give_arena(&n("n1"), "a1");
         store.give_arena(&n("n1"), "a2");
-        leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
-            .await
-            .unwrap();
+        leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            None,
+            None,
+            soon(),
+        )
+        .await
+        .unwrap();
         let s = store.state();
         assert!(s.free.contains("a1") && s.free.contains("a2"));
         assert!(!s.members.contains_key(&n("n1")));
@@ -255,6 +264,7 @@ mod tests {
             "i-1".into(),
             rev,
             Some((device, key)),
+            None,
             soon(),
         )
         .await
@@ -287,6 +297,7 @@ mod tests {
             "i-1".into(),
             rev,
             Some((device, key)),
+            None,
             soon(),
         )
         .await
@@ -311,9 +322,17 @@ mod tests {
         // Our lease expired while leaving: a fence may be under way that read a1 as
         // ours; returning it now would let another node take it under live writes.
         store.expire(&n("n1"));
-        let e = leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
-            .await
-            .unwrap_err();
+        let e = leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            None,
+            None,
+            soon(),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(&e, LeaveFailure::ArenaNotOurs { arena } if arena == "a1"),
             "{e:?}"
@@ -328,9 +347,17 @@ mod tests {
         let store = MemStore::new();
         let rev = store.join(&n("n1"), "i-1");
         store.expire(&n("n1"));
-        let e = leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
-            .await
-            .unwrap_err();
+        let e = leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            None,
+            None,
+            soon(),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "membership no longer live: departure refused"
@@ -345,9 +372,17 @@ mod tests {
         store.expire(&n("n1"));
         // The first attempt's answer is lost (unreachable); the retry is refused.
         store.fail_next("depart", 1);
-        let e = leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
-            .await
-            .unwrap_err();
+        let e = leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            None,
+            None,
+            soon(),
+        )
+        .await
+        .unwrap_err();
         assert!(
             matches!(e, LeaveFailure::DepartureRefused { answer_lost: true }),
             "{e:?}"
@@ -360,9 +395,17 @@ mod tests {
         let store = MemStore::new();
         let rev = store.join(&n("n1"), "i-1");
         store.fail_next("depart", 2);
-        leave_steps(store.clone(), n("n1"), "i-1".into(), rev, None, soon())
-            .await
-            .unwrap();
+        leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            None,
+            None,
+            soon(),
+        )
+        .await
+        .unwrap();
         assert!(store.state().departed.contains_key(&n("n1")));
 
         let rev = store.join(&n("n2"), "i-2");
@@ -372,6 +415,7 @@ mod tests {
             n("n2"),
             "i-2".into(),
             rev,
+            None,
             None,
             Instant::now(),
         )

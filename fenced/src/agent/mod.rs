@@ -15,7 +15,7 @@ use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
 use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
-use crate::store::{EtcdStore, Joined, RestartState, StoreError};
+use crate::store::{BootRecord, EtcdStore, Joined, RestartState, StoreError};
 
 /// Agent settings.
 #[derive(Debug, Clone)]
@@ -85,7 +85,7 @@ mod leave;
 pub mod on_fence;
 mod own_membership;
 
-pub use boot::{BOOT_ID_FILE, FencedSameBoot, read_boot_id};
+pub use boot::{BOOT_ID_FILE, FencedSameBoot, KeyRemovedSameBoot, read_boot_id};
 pub use on_fence::{OnFence, OnFenceConfig, OnFenceOutcome};
 
 use keepalive::spawn_keepalive;
@@ -208,6 +208,11 @@ pub enum AgentError {
     /// Nothing was written to etcd and no device command was sent.
     #[error(transparent)]
     FencedSameBoot(#[from] FencedSameBoot),
+    /// Joined, but our key is gone from the device and an earlier daemon on this boot
+    /// registered it (the once-per-boot rule): not registering. Nothing was sent to
+    /// the device; our membership expires and the node is fenced as usual.
+    #[error(transparent)]
+    KeyRemovedSameBoot(#[from] KeyRemovedSameBoot),
 }
 
 /// A running node agent.
@@ -218,6 +223,11 @@ pub struct Agent {
     own_key: Key,
     gate: IoGate,
     joined: Joined,
+    /// `boot/<node>` as read before our join rewrote it (the once-per-boot rule).
+    previous_boot: Option<BootRecord>,
+    /// We registered our key ourselves at `unfence` (it was not on the device): a clean
+    /// leave then records `by: leave`, letting the next start on this boot register.
+    registered_it: bool,
     lease: i64,
     arenas: Vec<String>,
     watchdog: Option<File>,
@@ -331,6 +341,8 @@ impl Agent {
             own_key,
             gate: IoGate::default(),
             joined,
+            previous_boot: seen.boot,
+            registered_it: false,
             lease,
             arenas: Vec::new(),
             watchdog,
@@ -358,7 +370,7 @@ impl Agent {
         Ok(seen)
     }
 
-    async fn unfence(&self) -> Result<(), AgentError> {
+    async fn unfence(&mut self) -> Result<(), AgentError> {
         let Some(device) = self.device.clone() else {
             return Ok(());
         };
@@ -374,9 +386,15 @@ impl Agent {
             });
         }
         let key = self.own_key;
+        let node = self.cfg.node.clone();
+        let boot_id = self.cfg.boot_id.clone();
+        let previous = self.previous_boot.clone();
         let (registered_before, held) = blocking(move || -> Result<_, AgentError> {
             let before = dev("unfence", device.report())?;
             let was = key_registered(&before, key);
+            if let Some(boot_id) = &boot_id {
+                boot::check_register(&node, previous.as_ref(), boot_id, was)?;
+            }
             if !was {
                 dev(
                     "unfence",
@@ -413,6 +431,7 @@ impl Agent {
             Ok((was, after.rtype))
         })
         .await?;
+        self.registered_it = !registered_before;
         tracing::info!(step = "unfence", node = %self.cfg.node, key = format_args!("{:#x}", key.0), already_registered = registered_before, rtype = held.0, "registered on the device");
         Ok(())
     }
@@ -580,6 +599,23 @@ impl Agent {
         }
     }
 
+    /// The boot record a clean leave writes with its departure: `by: leave`, letting
+    /// the next start on this boot register our key again. Only when this instance
+    /// registered the key itself: one that found it registered (an earlier instance's,
+    /// whose application may still run) leaves the join's record, so the next start on
+    /// this boot is refused registration (the once-per-boot rule) until a reboot or
+    /// `fenced unfence`.
+    fn leave_record(&self) -> Option<BootRecord> {
+        match &self.cfg.boot_id {
+            Some(boot_id) if self.registered_it => Some(BootRecord {
+                boot_id: boot_id.clone(),
+                generation: self.joined.generation,
+                by: BootRecord::BY_LEAVE.to_owned(),
+            }),
+            _ => None,
+        }
+    }
+
     /// `quiesce` → `release_own_arenas` → `depart`.
     ///
     /// etcd requests that fail because etcd is unreachable are retried until
@@ -603,6 +639,7 @@ impl Agent {
             self.cfg.instance.clone(),
             self.joined.membership_rev,
             self.device.clone().map(|d| (d, self.own_key)),
+            self.leave_record(),
             Instant::now() + self.cfg.leave_timeout,
         );
         tokio::pin!(steps);

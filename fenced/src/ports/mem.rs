@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SweepSnapshot, Victim};
 use crate::node::NodeId;
-use crate::store::{Abort, ClaimGuard, Finish, StoreError};
+use crate::store::{Abort, BootRecord, ClaimGuard, Finish, StoreError};
 
 use super::{FenceStore, LeaveStore};
 
@@ -35,6 +35,8 @@ pub struct MemState {
     pub done: BTreeMap<NodeId, i64>,
     /// `departed/<node>`: instance id and mod revision.
     pub departed: BTreeMap<NodeId, (String, i64)>,
+    /// `boot/<node>` as the departure transaction wrote it.
+    pub boots: BTreeMap<NodeId, BootRecord>,
     /// `fence_claim/<node>`: controller id and create revision.
     pub claims: BTreeMap<NodeId, (String, i64)>,
     /// `arena_node/<node>/<arena>`.
@@ -376,6 +378,7 @@ impl LeaveStore for MemStore {
         node: &NodeId,
         instance: &str,
         membership_rev: i64,
+        boot: Option<&BootRecord>,
     ) -> Result<bool, StoreError> {
         self.fault("depart")?;
         let mut s = self.state();
@@ -385,6 +388,9 @@ impl LeaveStore for MemStore {
             let rev = s.write();
             s.members.remove(node);
             s.departed.insert(node.clone(), (instance.to_owned(), rev));
+            if let Some(b) = boot {
+                s.boots.insert(node.clone(), b.clone());
+            }
         }
         Ok(live)
     }

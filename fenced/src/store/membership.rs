@@ -20,7 +20,8 @@ pub struct BootRecord {
     pub boot_id: String,
     /// The node's generation at that join (or unfence).
     pub generation: u64,
-    /// Who wrote it: [`BootRecord::BY_JOIN`] or [`BootRecord::BY_UNFENCE`].
+    /// Who wrote it: [`BootRecord::BY_JOIN`], [`BootRecord::BY_UNFENCE`] or
+    /// [`BootRecord::BY_LEAVE`].
     pub by: String,
 }
 
@@ -29,6 +30,9 @@ impl BootRecord {
     pub const BY_JOIN: &'static str = "join";
     /// Written by `fenced unfence`.
     pub const BY_UNFENCE: &'static str = "unfence";
+    /// Written by the agent's departure transaction (a clean leave: the key was
+    /// unregistered by the instance that registered it).
+    pub const BY_LEAVE: &'static str = "leave";
 
     /// The record as stored.
     pub fn to_json(&self) -> String {
@@ -290,20 +294,31 @@ impl EtcdStore {
     }
 
     /// `depart`: one transaction conditioned on our own live membership puts
-    /// `departed/<node>` and deletes `membership/<node>`. `false`: not a member any more
-    /// (a node whose lease expired cannot exempt itself).
-    pub async fn depart(&self, node: &NodeId, instance: &str, membership_rev: i64) -> Result<bool> {
+    /// `departed/<node>` (and `boot/<node>` = `boot`, a [`BootRecord::BY_LEAVE`]
+    /// record, when given) and deletes `membership/<node>`. `false`: not a member any
+    /// more (a node whose lease expired cannot exempt itself, nor rewrite its record).
+    pub async fn depart(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        membership_rev: i64,
+        boot: Option<&BootRecord>,
+    ) -> Result<bool> {
         let k = &self.keys;
+        let mut ops = vec![
+            TxnOp::put(k.departed(node), instance, None),
+            TxnOp::delete(k.membership(node), None),
+        ];
+        if let Some(b) = boot {
+            ops.push(TxnOp::put(k.boot(node), b.to_json(), None));
+        }
         let txn = Txn::new()
             .when(vec![Compare::create_revision(
                 k.membership(node),
                 CompareOp::Equal,
                 membership_rev,
             )])
-            .and_then(vec![
-                TxnOp::put(k.departed(node), instance, None),
-                TxnOp::delete(k.membership(node), None),
-            ]);
+            .and_then(ops);
         Ok(self.txn("depart", txn).await?.succeeded())
     }
 }
