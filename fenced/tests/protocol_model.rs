@@ -47,8 +47,7 @@
 //!   host model the writer dies with its daemon (every start is as good as one after a
 //!   reboot), which is what the configurations before issue 14 check.
 //! - Not modelled: the audit record, the operator-attested fence, the EBS fencer (its
-//!   detach+poll is the same sever/verify pair), the agent unregistering its own key
-//!   (folded into `depart`), `drop_stale` as a separate transaction (it is guarded by
+//!   detach+poll is the same sever/verify pair), `drop_stale` as a separate transaction (it is guarded by
 //!   live membership and, with `join` deleting intent and mark, has nothing to drop).
 //!
 //! | model action | implementation step (FenceStep / agent / watch names) | where |
@@ -57,8 +56,8 @@
 //! | `n: unfence` | `unfence` (register key, WERO if none; host model: the boot id of the registration is recorded first) | agent/mod.rs `unfence` |
 //! | `n: claim_arena` | `claim_arena` (adopt `owned_arenas`, claim free ones; open the I/O gate) | agent/mod.rs `claim_arenas` |
 //! | `n: quiesce` | `quiesce` | agent/mod.rs `leave` |
-//! | `n: release_own_arenas` | `release_own_arenas` | store/arenas.rs `release_arena` (agent/leave.rs `leave_steps`) |
-//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership) | store/membership.rs `depart` |
+//! | `n: release_own_arenas` | `unregister` (our key, checked gone), then `release_own_arenas` | agent/leave.rs `leave_steps`, store/arenas.rs `release_arena` |
+//! | `n: depart` | `depart` (txn: membership live → put `departed`, delete membership; host model: `boot/<node>` by `leave` when this instance registered the key) | store/membership.rs `depart`, agent/mod.rs `leave_record` |
 //! | `n: self_fence` | `self_fence` (lease lost / key preempted) | agent/mod.rs `run` |
 //! | `n: refuse_restart` | `refuse_restart`: at start (fenced since the last join, same boot, no `unfence`: exit before `join`), or at `unfence` (key gone, this boot registered it already, no `unfence`: exit unregistered) | agent/mod.rs `start` |
 //! | `n: daemon restart` | the service manager stops the daemon (its writer keeps running) | — |
@@ -97,10 +96,15 @@
 //! boot (`register_once_per_boot`, fence_scsi's rule: an instance that finds its key
 //! gone on a boot that registered it already exits unregistered).
 //!
-//! Finding 5, issue 14 part 4 (open): `quiesce` stops only this instance's writes; an
+//! Finding 5, issue 14 part 4: `quiesce` stops only this instance's writes; an
 //! application an earlier instance left running still writes the arena `leave` gives
-//! back. `unregister_before_release` closes it (not in [`Protocol::SAFE`] until the
-//! code does it).
+//! back. `unregister_before_release` closes it (in [`Protocol::SAFE`]: agent/leave.rs
+//! unregisters the key first). A clean leave then also lets the next start on this
+//! boot register again (`leave_allows_register`: the departure transaction writes a
+//! `by: leave` boot record), but only when the leaving instance registered the key
+//! itself: one that found it registered (an earlier instance's, whose application may
+//! still run) keeps the join's record, or a start after its leave re-opens that
+//! application's writes (`leave_allows_register_always`, BROKEN).
 //!
 //! Invariant 6 is checked for what it protects (no writer of the fenced host writes
 //! again: I1 with writers that outlive their daemon), not literally. The first
@@ -311,7 +315,7 @@ fn safe_under_departure_and_rejoin() {
     o.assert_safe(&[S_FENCED, S_HONOURED, S_DEPART_REFUSED, S_ARENA_REASSIGNED]);
     assert_eq!(
         (o.unique, o.total),
-        (81_774, 299_655),
+        (82_940, 303_587),
         "state count changed"
     );
 }
@@ -745,7 +749,7 @@ fn instance_joined_before_the_fence_registers_after_it() {
 /// instance that started after its predecessor self-fenced (not fenced yet, so the
 /// restart is allowed) adopts `a0`, leaves, and gives `a0` back while the application
 /// the predecessor fed still writes it. Unregistering the key before
-/// `release_own_arenas` closes it; `Protocol::SAFE` gains that flag when part 4 lands.
+/// `release_own_arenas` closes it (`Protocol::SAFE`).
 #[test]
 fn leave_with_an_earlier_application_running_is_caught() {
     let budget = Budget {
@@ -753,21 +757,62 @@ fn leave_with_an_earlier_application_running_is_caught() {
         departures: 1,
         ..NONE
     };
-    let steps = find(host_cfg(Protocol::SAFE, budget), I1_ARENA).expect("stale writer");
+    let without = Protocol {
+        unregister_before_release: false,
+        ..Protocol::SAFE
+    };
+    let steps = find(host_cfg(without, budget), I1_ARENA).expect("stale writer");
     let at = |what: &str| steps.iter().position(|s| s.contains(what));
     let self_fence = at("n1: self_fence").expect("the first instance exited");
     let release = at("n1: release_own_arenas").expect("n1 gave a0 back");
     assert!(self_fence < release, "{steps:?}");
     assert!(at("[bump").is_none(), "not fenced: {steps:?}");
-    let unregister_first = Protocol {
-        unregister_before_release: true,
-        ..Protocol::SAFE
-    };
-    let o = check(host_cfg(unregister_first, budget));
+    let o = check(host_cfg(Protocol::SAFE, budget));
     o.assert_safe(&[S_FENCED, S_HONOURED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
     assert_eq!(
         (o.unique, o.total),
-        (44_189, 164_803),
+        (86_832, 314_493),
+        "state count changed"
+    );
+}
+
+/// A clean leave lets the next start on this boot register again (`by: leave`), but
+/// only when the leaving instance registered the key itself. A daemon restart leaves
+/// n1's application writing `a0`; the next instance finds the key registered, adopts
+/// `a0`, leaves (unregistering the key, giving `a0` back, n0 claims it). If that leave
+/// let the next start register (`leave_allows_register_always`), the application
+/// writes `a0` again under n0. SAFE keeps the join's record then: that start is
+/// refused, while a start after the leave of an instance that registered registers.
+#[test]
+fn a_leave_lets_the_next_start_register_only_if_it_registered() {
+    let budget = Budget {
+        restarts: 2,
+        departures: 1,
+        daemon_restarts: 1,
+        ..NONE
+    };
+    let always = Protocol {
+        leave_allows_register_always: true,
+        ..Protocol::SAFE
+    };
+    let steps = find(host_cfg(always, budget), I1_ARENA).expect("stale writer");
+    let at = |what: &str| steps.iter().position(|s| s.contains(what));
+    let restart = at("n1: daemon restart").expect("the first daemon stopped");
+    let depart = at("n1: depart").expect("n1 left");
+    let unfence = steps
+        .iter()
+        .rposition(|s| s.contains("n1: unfence"))
+        .expect("n1 registered again");
+    assert!(restart < depart && depart < unfence, "{steps:?}");
+    assert!(
+        at("reboot").is_none() && at("operator").is_none() && at("[bump").is_none(),
+        "{steps:?}"
+    );
+    let o = check(host_cfg(Protocol::SAFE, budget));
+    o.assert_safe(&[S_HONOURED, S_LEFT_THEN_REGISTERED, S_REGISTER_REFUSED]);
+    assert_eq!(
+        (o.unique, o.total),
+        (248_430, 993_954),
         "state count changed"
     );
 }

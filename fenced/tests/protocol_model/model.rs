@@ -61,9 +61,18 @@ pub struct Protocol {
     pub register_once_per_boot: bool,
     /// Issue 14, part 4 (model finding 5): `leave` unregisters the node's key before
     /// `release_own_arenas`, so an application an earlier instance left running cannot
-    /// write an arena once it is given back. Not in [`Protocol::SAFE`] yet (part 4 is
-    /// open): without it, `quiesce` stops only this instance's writes.
+    /// write an arena once it is given back. Without it, `quiesce` stops only this
+    /// instance's writes.
     pub unregister_before_release: bool,
+    /// A clean leave lets the next start on this boot register again: the `depart`
+    /// transaction rewrites the boot record (`by: leave`) when this instance
+    /// registered the key itself (agent/mod.rs `leave_record`). An instance that found
+    /// the key registered (an earlier instance's, whose application may still run)
+    /// keeps the join's record, so the next start on this boot is refused. Host model.
+    pub leave_allows_register: bool,
+    /// BROKEN variant of `leave_allows_register`: every clean leave rewrites the
+    /// record, also one of an instance that did not register the key itself.
+    pub leave_allows_register_always: bool,
 }
 
 impl Protocol {
@@ -80,6 +89,8 @@ impl Protocol {
         refuse_restart_after_fence: false,
         register_once_per_boot: false,
         unregister_before_release: false,
+        leave_allows_register: false,
+        leave_allows_register_always: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -87,13 +98,17 @@ impl Protocol {
     /// (`ClaimGuard::Watch { deleted_rev }`), `release_arena` and `adopt_arenas` are
     /// conditioned on live membership. `CODE_AT_9866C49` is kept as the record of
     /// what the checker found. Issue 14 adds invariant 6's refusals, at start and at
-    /// `unfence` (what the model asks of the daemon; see the crate doc).
+    /// `unfence` (what the model asks of the daemon; see the crate doc), the leave
+    /// that unregisters before it gives arenas back (part 4), and the leave's boot
+    /// record that lets the next start on this boot register. All in `fenced/src`.
     pub const SAFE: Self = Self {
         watch_claim_requires_not_done: true,
         adopt_requires_live_membership: true,
         release_requires_live_membership: true,
         refuse_restart_after_fence: true,
         register_once_per_boot: true,
+        unregister_before_release: true,
+        leave_allows_register: true,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -181,6 +196,9 @@ pub struct Agent {
     pub using: [bool; A],
     /// Generation read at `join`.
     pub gen_read: u8,
+    /// Host model: this instance registered the key itself at `unfence` (it was not
+    /// on the device).
+    pub registered_it: bool,
 }
 
 /// One host, apart from its daemon (host model only).
@@ -339,9 +357,13 @@ pub struct Etcd {
     /// Host model: an operator's audited `unfence` since the node's last `join`.
     pub unfenced: [bool; N],
     /// Host model: the boot id on which the node last registered its key (0: cleared
-    /// by an operator's `unfence`).
+    /// by an operator's `unfence`; [`LEFT`]: cleared by a clean leave).
     pub reg_boot: [u8; N],
 }
+
+/// `reg_boot` after a clean leave's boot record (`by: leave`): no boot's registration
+/// is outstanding.
+pub const LEFT: u8 = u8::MAX;
 
 /// How a node's last membership ended (ghost).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -381,6 +403,8 @@ pub mod seen {
     pub const REBOOTED_THEN_JOINED: u16 = 1 << 10;
     /// An instance that joined refused to register a key this boot had registered.
     pub const REGISTER_REFUSED: u16 = 1 << 11;
+    /// An instance registered the key again on a boot a clean leave had unregistered.
+    pub const LEFT_THEN_REGISTERED: u16 = 1 << 12;
 }
 
 /// Per-node ghost state (never read by the protocol, only by properties).
@@ -663,6 +687,7 @@ impl ProtocolModel {
             io: true,
             using: [false; A],
             gen_read: 0,
+            registered_it: true,
         };
         let mut agents = [active; N];
         // n0 is starting (registered, about to claim arenas); n1 owns and writes a0.
@@ -757,6 +782,7 @@ impl ProtocolModel {
                     io: false,
                     using: [false; A],
                     gen_read: s.etcd.generation[n],
+                    registered_it: false,
                 };
                 t.ghost[n].owed = false;
                 t.ghost[n].bumps = 0;
@@ -773,7 +799,11 @@ impl ProtocolModel {
                 if self.cfg.host && !s.registered[n] {
                     // Recorded before the device call: a crash between the two only
                     // makes the next start on this boot refuse.
+                    if s.etcd.reg_boot[n] == LEFT {
+                        t.seen |= seen::LEFT_THEN_REGISTERED;
+                    }
                     t.etcd.reg_boot[n] = s.hosts[n].boot;
+                    t.agents[n].registered_it = true;
                 }
                 t.registered[n] = true;
                 t.agents[n].phase = Phase::Unfenced;
@@ -860,6 +890,13 @@ impl ProtocolModel {
                     if live {
                         t.delete_membership(n);
                         t.ghost[n].end = End::Departed;
+                        // The same transaction: the leave's boot record (`by: leave`).
+                        if self.cfg.host
+                            && (p.leave_allows_register_always
+                                || p.leave_allows_register && ag.registered_it)
+                        {
+                            t.etcd.reg_boot[n] = LEFT;
+                        }
                     }
                 } else {
                     t.seen |= seen::DEPART_REFUSED;
@@ -1509,6 +1546,10 @@ impl Model for ProtocolModel {
             props.push(Property::sometimes(S_REGISTER_REFUSED, |_, s: &State| {
                 s.seen & seen::REGISTER_REFUSED != 0
             }));
+            props.push(Property::sometimes(
+                S_LEFT_THEN_REGISTERED,
+                |_, s: &State| s.seen & seen::LEFT_THEN_REGISTERED != 0,
+            ));
             props.push(Property::sometimes(S_UNFENCE_REJOIN, |_, s: &State| {
                 s.seen & seen::UNFENCED_THEN_JOINED != 0
             }));
@@ -1575,6 +1616,9 @@ pub const S_RESTART_REFUSED: &str = "a fenced node's restart on the same boot re
 pub const S_UNFENCE_REJOIN: &str = "a fenced node rejoined after an operator's unfence";
 /// Reachability (host model).
 pub const S_REBOOT_REJOIN: &str = "a fenced node rejoined after its host rebooted";
+/// Reachability (host model).
+pub const S_LEFT_THEN_REGISTERED: &str =
+    "a start after a clean leave registered again on the same boot";
 /// Reachability (host model).
 pub const S_REGISTER_REFUSED: &str =
     "an instance that joined before a fence refused to register after it";
