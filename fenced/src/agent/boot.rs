@@ -104,8 +104,10 @@ pub fn check_restart(
      this same boot (boot id {boot_id}) joined and registered it: the key was removed from \
      the device on this boot, so this host was fenced (or is being fenced). Refusing to \
      register it again, since an application that earlier daemon fed could then write \
-     again. Reboot the host, or, once nothing on this host still writes the shared device, \
-     run `fenced unfence --node-id {node} --reason \"...\"` and start fenced again"
+     again. This daemon exits unregistered; its membership expires and the node is fenced. \
+     Reboot the host, or, once that fence completed and nothing on this host still writes \
+     the shared device, run `fenced unfence --node-id {node} --reason \"...\"` and start \
+     fenced again"
 )]
 pub struct KeyRemovedSameBoot {
     /// The node.
