@@ -181,6 +181,47 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// The leave's boot record (`by: leave`) is written with the departure, and not
+    /// when the departure is refused (an expired node re-allows nothing).
+    #[tokio::test]
+    async fn the_leave_record_is_written_only_with_the_departure() {
+        let rec = BootRecord {
+            boot_id: "b1".into(),
+            generation: 0,
+            by: BootRecord::BY_LEAVE.into(),
+        };
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            None,
+            Some(rec.clone()),
+            soon(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(store.state().boots.get(&n("n1")), Some(&rec));
+
+        let rev = store.join(&n("n2"), "i-2");
+        store.expire(&n("n2"));
+        let e = leave_steps(
+            store.clone(),
+            n("n2"),
+            "i-2".into(),
+            rev,
+            None,
+            Some(rec),
+            soon(),
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, LeaveFailure::DepartureRefused { .. }), "{e:?}");
+        assert!(!store.state().boots.contains_key(&n("n2")));
+    }
+
     #[tokio::test]
     async fn a_leave_returns_its_arenas_then_departs() {
         let store = MemStore::new();
