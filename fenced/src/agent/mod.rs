@@ -42,6 +42,9 @@ pub struct AgentConfig {
     /// unreachable (a partition, an election). The self-fence margin still applies
     /// while leaving: a leave that cannot reach etcd self-fences like a running agent.
     pub leave_timeout: Duration,
+    /// Where each tick of the self-fencing clock is reported (lease age, margin left,
+    /// keepalive task alive: metrics, `/readyz`, the systemd watchdog).
+    pub observer: crate::metrics::Observer,
 }
 
 impl AgentConfig {
@@ -59,6 +62,7 @@ impl AgentConfig {
             watchdog_device: None,
             join_timeout: Duration::from_secs(30),
             leave_timeout: Duration::from_secs(20),
+            observer: crate::metrics::Observer::default(),
         }
     }
 }
@@ -409,6 +413,18 @@ impl Agent {
         }
     }
 
+    fn observe(&self, now: Instant, verdict: WatchdogVerdict) {
+        let margin = self.cfg.self_fence_margin;
+        let (age, left) = match verdict {
+            WatchdogVerdict::Healthy { left } => (margin.saturating_sub(left), left),
+            WatchdogVerdict::SelfFence { since_renewal, .. } => (since_renewal, Duration::ZERO),
+        };
+        let keepalive_running = !self.keepalive.is_finished();
+        self.cfg
+            .observer
+            .agent_tick(now, age, left, self.cfg.ttl, keepalive_running);
+    }
+
     fn self_fence(&mut self, reason: String) -> AgentExit {
         self.gate.fence();
         // Stop petting the hardware watchdog (never magic-close it): the host reboots.
@@ -439,7 +455,10 @@ impl Agent {
                     }
                 }
                 _ = tick_wd.tick() => {
-                    match watchdog.verdict(Instant::now()) {
+                    let now = Instant::now();
+                    let verdict = watchdog.verdict(now);
+                    self.observe(now, verdict);
+                    match verdict {
                         WatchdogVerdict::Healthy { .. } => self.pet(),
                         WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
                             return self.self_fence(format!(
