@@ -160,6 +160,10 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     pub log_json: bool,
+    /// Serve Prometheus metrics (`/metrics`), `/healthz` and `/readyz` over HTTP on this
+    /// address, e.g. 127.0.0.1:9477.
+    #[arg(long, env = "FENCED_METRICS_LISTEN", value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// A configuration that cannot be used; each says which setting and what to change.
@@ -314,6 +318,7 @@ pub struct Settings {
     pub seed_arenas: Option<Vec<String>>,
     pub pid_file: Option<PathBuf>,
     pub log_json: bool,
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -381,6 +386,7 @@ impl Settings {
             seed_arenas: cli.seed_arenas.clone(),
             pid_file: cli.pid_file.clone(),
             log_json: cli.log_json,
+            metrics_listen: cli.metrics_listen,
         })
     }
 }

@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 use fenced::agent::{Agent, AgentConfig, AgentError, AgentExit};
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
+use fenced::metrics::Observer;
+use fenced::notify::{Notifier, NotifyError, check_watchdog_timing, watchdog_loop};
 use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
@@ -86,6 +88,16 @@ pub enum DaemonError {
     Agent {
         #[source]
         source: AgentError,
+    },
+    #[error(transparent)]
+    Notify(#[from] NotifyError),
+    #[error("systemd watchdog: {why}")]
+    WatchdogTiming { why: String },
+    #[error("cannot serve metrics on {addr}: {source} (choose another --metrics-listen address)")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
     },
     #[error("cannot write pid file {}: {source}", path.display())]
     PidFile {
@@ -228,6 +240,29 @@ async fn with_ebs(
 
 /// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences.
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
+    // systemd (Type=notify, WatchdogSec=), metrics and health: set up before anything
+    // touches the cluster, so a bad setting fails the start.
+    let notifier = Arc::new(Notifier::from_env()?);
+    if let Some(wd) = notifier.watchdog() {
+        check_watchdog_timing(wd, s.ttl, s.self_fence_margin)
+            .map_err(|why| DaemonError::WatchdogTiming { why })?;
+    }
+    let observer = Observer::new();
+    observer.set_notifier(notifier.clone());
+    let _metrics = match s.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::MetricsListen { addr, source })?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            Some(AbortOnDrop(tokio::spawn(fenced::metrics::serve(
+                listener,
+                observer.clone(),
+            ))))
+        }
+        None => None,
+    };
+    observer.set_status(format!("waiting for etcd at {}", s.etcd.endpoints.join(",")));
     let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
     let device = match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
@@ -260,6 +295,8 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     cfg.self_fence_margin = s.self_fence_margin;
     cfg.arenas = s.arenas;
     cfg.watchdog_device = s.watchdog_device;
+    cfg.observer = observer.clone();
+    observer.set_status(format!("joining as {node}: unfencing, claiming arenas"));
     let agent = Agent::start(store.clone(), cfg, device, own_key)
         .await
         .map_err(|source| DaemonError::Agent { source })?;
@@ -274,7 +311,16 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
     ccfg.sweep_interval = s.sweep;
     ccfg.own_node = Some(node.clone());
+    ccfg.observer = observer.clone();
     let controller = Controller::new(store, fencer, ccfg).spawn();
+    // Joined, unfenced, arenas claimed: ready.
+    observer.ready(format!(
+        "member {node} at generation {}",
+        agent.generation()
+    ));
+    let _watchdog = notifier
+        .watchdog()
+        .map(|wd| AbortOnDrop(tokio::spawn(watchdog_loop(notifier.clone(), observer.clone(), wd))));
     tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let leave = async {
         use tokio::signal::unix::{SignalKind, signal};
@@ -284,8 +330,11 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             _ = term.recv() => {}
             _ = int.recv() => {}
         }
+        observer.set_joined(false);
+        notifier.stopping(&format!("leaving: {node} quiesces I/O, returns its arenas, departs"));
     };
     let exit = agent.run(leave).await;
+    observer.set_joined(false);
     controller.abort();
     if let Some(p) = &s.pid_file {
         let _ = std::fs::remove_file(p);
@@ -293,12 +342,23 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     Ok(match exit {
         AgentExit::Left => ExitCode::SUCCESS,
         AgentExit::LeaveIncomplete { reason } => {
+            observer.set_status(format!("leave incomplete: {reason}"));
             eprintln!("fenced: leave incomplete: {reason}");
             ExitCode::from(EXIT_LEAVE_INCOMPLETE)
         }
         AgentExit::SelfFenced { reason } => {
+            observer.set_status(format!("self-fenced: {reason}"));
             eprintln!("fenced: self-fenced: {reason}");
             ExitCode::from(EXIT_SELF_FENCED)
         }
     })
+}
+
+/// A spawned task that ends with the daemon.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -314,6 +314,16 @@ impl Observer {
         self.m().task_restarts.get_or_create(&TaskLabels { task }).inc();
     }
 
+    /// Joined, unfenced, arenas claimed: `READY=1` with `status`.
+    pub fn ready(&self, status: impl Into<String>) {
+        let status = status.into();
+        self.state().status.clone_from(&status);
+        self.set_joined(true);
+        if let Some(n) = self.notifier() {
+            n.ready(&status);
+        }
+    }
+
     /// We joined (READY) or stopped being a member (leaving, self-fenced).
     pub fn set_joined(&self, joined: bool) {
         self.state().joined = joined;

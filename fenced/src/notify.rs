@@ -10,6 +10,8 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr, UnixDatagram};
 use std::time::Duration;
 
+use crate::metrics::Observer;
+
 /// `NOTIFY_SOCKET` or `WATCHDOG_USEC` could not be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -148,6 +150,65 @@ impl Notifier {
     }
 }
 
+/// `WatchdogSec=` (`watchdog`) must fit the lease timing. At most the self-fence
+/// `margin`: a hung daemon (no self-fencing check runs) is killed no later than a
+/// healthy one would have self-fenced. Above `margin - ttl`: pings stop once the lease
+/// is older than its TTL, and a lease that lapses but is renewed within the margin is
+/// the self-fencing clock's to judge, not systemd's. `Err` says what to set.
+pub fn check_watchdog_timing(
+    watchdog: Duration,
+    ttl: Duration,
+    margin: Duration,
+) -> Result<(), String> {
+    let s = |d: Duration| d.as_secs_f64();
+    let floor = margin.saturating_sub(ttl);
+    if watchdog > margin {
+        return Err(format!(
+            "WatchdogSec={:.1}s is longer than the self-fence margin {:.1}s: a hung daemon would outlive the moment it should have self-fenced; set WatchdogSec= to at most {:.1}s",
+            s(watchdog),
+            s(margin),
+            s(margin)
+        ));
+    }
+    if watchdog <= floor || watchdog < Duration::from_secs(1) {
+        return Err(format!(
+            "WatchdogSec={:.1}s is too short: the daemon stops pinging when its lease is older than the TTL ({:.1}s) and would be killed before the self-fence margin ({:.1}s) decides; set WatchdogSec= above {:.1}s (and at least 1s), at most {:.1}s",
+            s(watchdog),
+            s(ttl),
+            s(margin),
+            s(floor),
+            s(margin)
+        ));
+    }
+    Ok(())
+}
+
+/// Sends `WATCHDOG=1` every quarter `period` (at most every 500 ms) while `observer`
+/// says the daemon is healthy and ready ([`Observer::watchdog_ok`]): lease fresh, agent
+/// loop ticking, controller and keepalive tasks running. Runs until dropped.
+pub async fn watchdog_loop(notifier: std::sync::Arc<Notifier>, observer: Observer, period: Duration) {
+    let mut tick = tokio::time::interval((period / 4).min(Duration::from_millis(500)));
+    let mut withheld = false;
+    loop {
+        tick.tick().await;
+        match observer.watchdog_ok(std::time::Instant::now()) {
+            Ok(()) => {
+                if withheld {
+                    tracing::info!("systemd watchdog: healthy again, pinging");
+                    withheld = false;
+                }
+                notifier.watchdog_ping();
+            }
+            Err(why) => {
+                if !withheld {
+                    tracing::warn!(why = %why, "systemd watchdog: not pinging ({why}); systemd kills the daemon if this lasts WatchdogSec");
+                    withheld = true;
+                }
+            }
+        }
+    }
+}
+
 /// A status is one assignment: a newline would start another.
 fn one_line(s: &str) -> String {
     s.replace('\n', " ")
@@ -198,6 +259,24 @@ mod tests {
         assert!(e.to_string().contains("WATCHDOG_USEC=\"soon\""), "{e}");
         // Unset socket: nothing is sent, nothing fails.
         assert!(!Notifier::from_vars(None, None, None).unwrap().enabled());
+    }
+
+    #[test]
+    fn watchdog_sec_must_fit_between_margin_minus_ttl_and_margin() {
+        let (ttl, margin) = (Duration::from_secs(5), Duration::from_secs(10));
+        assert_eq!(check_watchdog_timing(Duration::from_secs(8), ttl, margin), Ok(()));
+        assert_eq!(check_watchdog_timing(margin, ttl, margin), Ok(()));
+        let e = check_watchdog_timing(Duration::from_secs(11), ttl, margin).unwrap_err();
+        assert!(e.contains("at most 10.0s"), "{e}");
+        let e = check_watchdog_timing(Duration::from_secs(5), ttl, margin).unwrap_err();
+        assert!(e.contains("above 5.0s"), "{e}");
+        let e = check_watchdog_timing(
+            Duration::from_millis(500),
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+        )
+        .unwrap_err();
+        assert!(e.contains("at least 1s"), "{e}");
     }
 
     #[test]
