@@ -357,9 +357,7 @@ impl<S: FenceStore> Controller<S> {
         let t0 = Instant::now();
         let mut seen = None;
         let r = self.sweep_run(&mut seen).await;
-        self.cfg
-            .observer
-            .sweep_done(t0.elapsed(), r.is_ok(), seen);
+        self.cfg.observer.sweep_done(t0.elapsed(), r.is_ok(), seen);
         r
     }
 

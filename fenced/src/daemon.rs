@@ -11,8 +11,8 @@ use fenced::agent::{Agent, AgentConfig, AgentError, AgentExit};
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
 use fenced::metrics::Observer;
-use fenced::notify::{Notifier, NotifyError, check_watchdog_timing, watchdog_loop};
 use fenced::node::local_instance_id;
+use fenced::notify::{Notifier, NotifyError, check_watchdog_timing, watchdog_loop};
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
 use crate::config::{EbsSettings, EtcdSettings, FencerKind, Settings};
@@ -262,7 +262,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         }
         None => None,
     };
-    observer.set_status(format!("waiting for etcd at {}", s.etcd.endpoints.join(",")));
+    observer.set_status(format!(
+        "waiting for etcd at {}",
+        s.etcd.endpoints.join(",")
+    ));
     let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
     let device = match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
@@ -318,9 +321,13 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         "member {node} at generation {}",
         agent.generation()
     ));
-    let _watchdog = notifier
-        .watchdog()
-        .map(|wd| AbortOnDrop(tokio::spawn(watchdog_loop(notifier.clone(), observer.clone(), wd))));
+    let _watchdog = notifier.watchdog().map(|wd| {
+        AbortOnDrop(tokio::spawn(watchdog_loop(
+            notifier.clone(),
+            observer.clone(),
+            wd,
+        )))
+    });
     tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let leave = async {
         use tokio::signal::unix::{SignalKind, signal};
@@ -331,7 +338,9 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             _ = int.recv() => {}
         }
         observer.set_joined(false);
-        notifier.stopping(&format!("leaving: {node} quiesces I/O, returns its arenas, departs"));
+        notifier.stopping(&format!(
+            "leaving: {node} quiesces I/O, returns its arenas, departs"
+        ));
     };
     let exit = agent.run(leave).await;
     observer.set_joined(false);

@@ -232,7 +232,8 @@ impl TaskGuard {
 impl Drop for TaskGuard {
     fn drop(&mut self) {
         let why = self.why.take().unwrap_or_else(|| "stopped".to_owned());
-        self.observer.set_task(self.task, TaskState::Stopped { why });
+        self.observer
+            .set_task(self.task, TaskState::Stopped { why });
     }
 }
 
@@ -260,7 +261,11 @@ impl Observer {
 
     /// Sends `STATUS=` lines through `n` from now on.
     pub fn set_notifier(&self, n: Arc<Notifier>) {
-        *self.0.notifier.lock().unwrap_or_else(PoisonError::into_inner) = Some(n);
+        *self
+            .0
+            .notifier
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(n);
     }
 
     fn notifier(&self) -> Option<Arc<Notifier>> {
@@ -311,7 +316,10 @@ impl Observer {
 
     /// A stopped `task` is being started again.
     pub fn task_restarted(&self, task: &'static str) {
-        self.m().task_restarts.get_or_create(&TaskLabels { task }).inc();
+        self.m()
+            .task_restarts
+            .get_or_create(&TaskLabels { task })
+            .inc();
     }
 
     /// Joined, unfenced, arenas claimed: `READY=1` with `status`.
@@ -350,7 +358,9 @@ impl Observer {
                 ttl,
                 keepalive_running,
             });
-            s.tasks.get("keepalive").map(|t| matches!(t, TaskState::Running))
+            s.tasks
+                .get("keepalive")
+                .map(|t| matches!(t, TaskState::Running))
         };
         if keepalive_was != Some(keepalive_running) {
             let st = if keepalive_running {
@@ -477,7 +487,10 @@ impl Observer {
     /// A sweep ended after `d`; `seen`: (members, claims, owed) of its snapshot.
     pub fn sweep_done(&self, d: Duration, ok: bool, seen: Option<(usize, usize, usize)>) {
         let result = if ok { "ok" } else { "error" };
-        self.m().sweeps.get_or_create(&ResultLabels { result }).inc();
+        self.m()
+            .sweeps
+            .get_or_create(&ResultLabels { result })
+            .inc();
         self.m().sweep_seconds.observe(d.as_secs_f64());
         if let Some((members, claims, owed)) = seen {
             let g = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
@@ -492,10 +505,7 @@ impl Observer {
         self.update_ready(Instant::now());
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::prometheus_text::encode(
-            &mut out,
-            &self.m().registry,
-        );
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.m().registry);
         out
     }
 }
@@ -569,7 +579,11 @@ async fn answer(mut conn: TcpStream, observer: &Observer) -> std::io::Result<()>
             "not found: /metrics, /healthz, /readyz\n".to_owned(),
         ),
     };
-    let body = if method == "HEAD" { String::new() } else { body };
+    let body = if method == "HEAD" {
+        String::new()
+    } else {
+        body
+    };
     respond(&mut conn, code, ctype, &body).await
 }
 
@@ -615,11 +629,23 @@ mod tests {
         assert!(o.ready_at(t0).is_err());
         o.set_joined(true);
         assert!(o.ready_at(t0).unwrap_err().contains("not checked"));
-        o.agent_tick(t0, Duration::from_millis(500), Duration::from_secs(3), ttl, true);
+        o.agent_tick(
+            t0,
+            Duration::from_millis(500),
+            Duration::from_secs(3),
+            ttl,
+            true,
+        );
         assert_eq!(o.ready_at(t0), Ok(()));
         assert_eq!(o.watchdog_ok(t0), Ok(()));
         // The lease outlived its TTL: not ready, no watchdog ping, still healthy.
-        o.agent_tick(t0, Duration::from_millis(2100), Duration::from_secs(1), ttl, true);
+        o.agent_tick(
+            t0,
+            Duration::from_millis(2100),
+            Duration::from_secs(1),
+            ttl,
+            true,
+        );
         assert!(o.ready_at(t0).unwrap_err().contains("not renewed"));
         assert!(o.watchdog_ok(t0).is_err());
         assert_eq!(o.healthz(t0), Ok(()));

@@ -34,7 +34,9 @@ pub enum NotifyError {
         source: std::io::Error,
     },
     /// `WATCHDOG_USEC` is not a positive number of microseconds.
-    #[error("WATCHDOG_USEC={value:?} is not a positive number of microseconds (check WatchdogSec= in the unit)")]
+    #[error(
+        "WATCHDOG_USEC={value:?} is not a positive number of microseconds (check WatchdogSec= in the unit)"
+    )]
     BadWatchdogUsec {
         /// The variable's value.
         value: String,
@@ -186,7 +188,11 @@ pub fn check_watchdog_timing(
 /// Sends `WATCHDOG=1` every quarter `period` (at most every 500 ms) while `observer`
 /// says the daemon is healthy and ready ([`Observer::watchdog_ok`]): lease fresh, agent
 /// loop ticking, controller and keepalive tasks running. Runs until dropped.
-pub async fn watchdog_loop(notifier: std::sync::Arc<Notifier>, observer: Observer, period: Duration) {
+pub async fn watchdog_loop(
+    notifier: std::sync::Arc<Notifier>,
+    observer: Observer,
+    period: Duration,
+) {
     let mut tick = tokio::time::interval((period / 4).min(Duration::from_millis(500)));
     let mut withheld = false;
     loop {
@@ -264,7 +270,10 @@ mod tests {
     #[test]
     fn watchdog_sec_must_fit_between_margin_minus_ttl_and_margin() {
         let (ttl, margin) = (Duration::from_secs(5), Duration::from_secs(10));
-        assert_eq!(check_watchdog_timing(Duration::from_secs(8), ttl, margin), Ok(()));
+        assert_eq!(
+            check_watchdog_timing(Duration::from_secs(8), ttl, margin),
+            Ok(())
+        );
         assert_eq!(check_watchdog_timing(margin, ttl, margin), Ok(()));
         let e = check_watchdog_timing(Duration::from_secs(11), ttl, margin).unwrap_err();
         assert!(e.contains("at most 10.0s"), "{e}");

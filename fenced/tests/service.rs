@@ -89,8 +89,7 @@ fn signal_etcd(etcd: &Etcd, sig: nix::sys::signal::Signal) {
 }
 
 #[tokio::test]
-async fn systemd_sees_ready_after_the_join_and_watchdog_pings_stop_when_the_lease_is_not_renewed()
-{
+async fn systemd_sees_ready_after_the_join_and_watchdog_pings_stop_when_the_lease_is_not_renewed() {
     let _serial = SERIAL.lock().await;
     let etcd = Etcd::start();
     let ep = etcd.endpoint();
@@ -123,9 +122,11 @@ async fn systemd_sees_ready_after_the_join_and_watchdog_pings_stop_when_the_leas
 
     let frozen_at = Instant::now();
     signal_etcd(&etcd, nix::sys::signal::Signal::SIGSTOP);
-    wait_until("the daemon self-fences", Duration::from_secs(20), || async {
-        notify.has("STATUS=self-fenced")
-    })
+    wait_until(
+        "the daemon self-fences",
+        Duration::from_secs(20),
+        || async { notify.has("STATUS=self-fenced") },
+    )
     .await;
     signal_etcd(&etcd, nix::sys::signal::Signal::SIGCONT);
     let self_fenced_at = Instant::now();
@@ -198,7 +199,15 @@ async fn a_watchdog_period_that_does_not_fit_the_lease_timing_fails_the_start() 
     // TTL 2 s, margin 4 s (2 x TTL): 20 s is longer than the margin. No etcd needed:
     // the check comes before the first connection.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fenced"))
-        .args(["run", "--fencer", "none", "--node-id", "a", "--ttl-secs", "2"])
+        .args([
+            "run",
+            "--fencer",
+            "none",
+            "--node-id",
+            "a",
+            "--ttl-secs",
+            "2",
+        ])
         .args(["--etcd-endpoints", "http://127.0.0.1:1"])
         .env("WATCHDOG_USEC", "20000000")
         .env("NOTIFY_SOCKET", dir.path().join("absent.sock"))
@@ -213,7 +222,10 @@ async fn a_watchdog_period_that_does_not_fit_the_lease_timing_fails_the_start() 
         ),
         "{stderr}"
     );
-    assert!(stderr.contains("set WatchdogSec= to at most 4.0s"), "{stderr}");
+    assert!(
+        stderr.contains("set WatchdogSec= to at most 4.0s"),
+        "{stderr}"
+    );
 }
 
 /// `GET path` over HTTP/1.1: (status code, body).
@@ -280,7 +292,10 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
         sample(&before, "fenced_task_up", &["task=\"controller_watch\""]),
         1.0
     );
-    assert_eq!(sample(&before, "fenced_task_up", &["task=\"keepalive\""]), 1.0);
+    assert_eq!(
+        sample(&before, "fenced_task_up", &["task=\"keepalive\""]),
+        1.0
+    );
     let lease_age = sample(&before, "fenced_lease_age_seconds", &[]);
     assert!((0.0..2.0).contains(&lease_age), "{before}");
     assert!(sample(&before, "fenced_self_fence_margin_left_seconds", &[]) > 2.0);
@@ -307,14 +322,22 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
             "step {step}: {after}"
         );
     }
-    assert_eq!(sample(&after, "fenced_fences_total", &["result=\"failed\""]), 0.0);
+    assert_eq!(
+        sample(&after, "fenced_fences_total", &["result=\"failed\""]),
+        0.0
+    );
     assert!(sample(&after, "fenced_sweeps_total", &["result=\"ok\""]) >= 1.0);
     assert!(sample(&after, "fenced_sweep_duration_seconds_count", &[]) >= 1.0);
     // The next sweep sees one member (a) and nothing owed.
-    wait_until("a sweep after the fence", Duration::from_secs(5), || async {
-        let m = get(&addr, "/metrics").await.unwrap().1;
-        sample(&m, "fenced_members_seen", &[]) == 1.0 && sample(&m, "fenced_fences_owed", &[]) == 0.0
-    })
+    wait_until(
+        "a sweep after the fence",
+        Duration::from_secs(5),
+        || async {
+            let m = get(&addr, "/metrics").await.unwrap().1;
+            sample(&m, "fenced_members_seen", &[]) == 1.0
+                && sample(&m, "fenced_fences_owed", &[]) == 0.0
+        },
+    )
     .await;
     assert_eq!(get(&addr, "/healthz").await.unwrap().0, 200);
     drop(a);
@@ -350,13 +373,21 @@ async fn healthz_turns_red_when_the_sweep_task_stops_and_the_task_is_restarted()
     })
     .await;
     let m = get(&addr, "/metrics").await.unwrap().1;
-    assert_eq!(sample(&m, "fenced_task_up", &["task=\"sweep\""]), 0.0, "{m}");
-    assert_eq!(sample(&m, "fenced_task_up", &["task=\"controller_watch\""]), 1.0);
+    assert_eq!(
+        sample(&m, "fenced_task_up", &["task=\"sweep\""]),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "fenced_task_up", &["task=\"controller_watch\""]),
+        1.0
+    );
     assert_eq!(sample(&m, "fenced_sweeps_total", &[]), 0.0, "{m}");
     // Still a member with a fresh lease: ready, not healthy.
     assert_eq!(get(&addr, "/readyz").await.unwrap().0, 200);
     assert!(
-        a.log().contains("task sweep stopped (returned): starting it again in"),
+        a.log()
+            .contains("task sweep stopped (returned): starting it again in"),
         "{}",
         a.log()
     );
@@ -392,4 +423,46 @@ async fn a_sweep_task_that_stopped_once_runs_again_and_healthz_turns_green() {
             && sample(&m, "fenced_task_restarts_total", &["task=\"sweep\""]) == 1.0
     })
     .await;
+}
+
+/// `systemd-analyze verify` on the shipped units (`packaging/systemd/`), with no
+/// warning at all (an unknown or misspelt directive is only a warning). The units
+/// name the packaged binary, /usr/bin/fenced; verify checks that ExecStart= and ExecStop=
+/// are executable, so it checks a copy that names the binary this test was built with.
+/// `--man=no`: the man page comes with the package.
+#[test]
+fn the_shipped_units_pass_systemd_analyze_verify() {
+    let units = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../packaging/systemd");
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = Vec::new();
+    for name in ["fenced.service", "example-app.service"] {
+        let text = std::fs::read_to_string(units.join(name)).unwrap();
+        if name == "fenced.service" {
+            assert!(text.contains("\nType=notify\n") && text.contains("\nWatchdogSec="));
+            assert!(text.contains("\nExecStart=/usr/bin/fenced run "));
+            assert!(
+                text.contains("\nExecStop=/usr/bin/fenced leave --pid-file /run/fenced/fenced.pid")
+            );
+        } else {
+            assert!(text.contains("\nBindsTo=fenced.service\n"));
+            assert!(text.contains("\nAfter=fenced.service\n"));
+        }
+        let local = text.replace("/usr/bin/fenced", env!("CARGO_BIN_EXE_fenced"));
+        let p = dir.path().join(name);
+        std::fs::write(&p, local).unwrap();
+        paths.push(p);
+    }
+    let out = std::process::Command::new("systemd-analyze")
+        .args(["verify", "--man=no"])
+        .args(&paths)
+        .output()
+        .expect("run systemd-analyze (package systemd; scripts/install-deps installs it)");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert_eq!(
+        format!("{stdout}{stderr}").trim(),
+        "",
+        "systemd-analyze verify warned"
+    );
 }
