@@ -311,6 +311,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             }
         })?;
     }
+    let _endpoints = AbortOnDrop(tokio::spawn(fenced::metrics::follow_endpoints(
+        store.clone(),
+        observer.clone(),
+    )));
     let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
     ccfg.sweep_interval = s.sweep;
     ccfg.own_node = Some(node.clone());

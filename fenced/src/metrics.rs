@@ -46,6 +46,17 @@ struct ResultLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProbeLabels {
+    endpoint: String,
+    verdict: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     task: &'static str,
 }
@@ -72,6 +83,9 @@ struct Metrics {
     task_up: Family<TaskLabels, Gauge>,
     task_restarts: Family<TaskLabels, Counter>,
     ready: Gauge,
+    endpoint_in_rotation: Family<EndpointLabels, Gauge>,
+    endpoint_probe: Family<EndpointLabels, Histogram>,
+    endpoint_trouble: Family<ProbeLabels, Counter>,
 }
 
 impl Metrics {
@@ -91,6 +105,9 @@ impl Metrics {
             task_up: Family::default(),
             task_restarts: Family::default(),
             ready: Gauge::default(),
+            endpoint_in_rotation: Family::default(),
+            endpoint_probe: Family::new_with_constructor(step_histogram),
+            endpoint_trouble: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -152,6 +169,21 @@ impl Metrics {
             "task_restarts",
             "Restarts of a stopped task",
             m.task_restarts.clone(),
+        );
+        r.register(
+            "etcd_endpoint_in_rotation",
+            "1 while the etcd client balances requests onto the endpoint, 0 while it is out of rotation (probed with two or more endpoints)",
+            m.endpoint_in_rotation.clone(),
+        );
+        r.register(
+            "etcd_endpoint_probe_duration_seconds",
+            "Duration of each endpoint probe (TCP connect, a linearizable count-only read and Status, bounded by the probe timeout)",
+            m.endpoint_probe.clone(),
+        );
+        r.register(
+            "etcd_endpoint_probe_failures",
+            "Endpoint probes that did not find the endpoint serving, by verdict (degraded, silent, refused)",
+            m.endpoint_trouble.clone(),
         );
         r.register(
             "ready",
@@ -500,6 +532,32 @@ impl Observer {
         }
     }
 
+    /// One probe round of the store's etcd endpoints.
+    pub fn endpoints_probed(&self, states: &[crate::store::EndpointState]) {
+        for s in states {
+            let endpoint = EndpointLabels {
+                endpoint: s.endpoint.clone(),
+            };
+            self.m()
+                .endpoint_in_rotation
+                .get_or_create(&endpoint)
+                .set(i64::from(s.in_rotation));
+            self.m()
+                .endpoint_probe
+                .get_or_create(&endpoint)
+                .observe(s.probe.as_secs_f64());
+            if s.verdict != "serves" {
+                self.m()
+                    .endpoint_trouble
+                    .get_or_create(&ProbeLabels {
+                        endpoint: s.endpoint.clone(),
+                        verdict: s.verdict,
+                    })
+                    .inc();
+            }
+        }
+    }
+
     /// The metrics in the Prometheus text format (0.0.4).
     pub fn encode(&self) -> String {
         self.update_ready(Instant::now());
@@ -507,6 +565,18 @@ impl Observer {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.m().registry);
         out
+    }
+}
+
+/// Reports every probe round of `store`'s etcd endpoints to `observer`, until dropped.
+pub async fn follow_endpoints(store: crate::store::EtcdStore, observer: Observer) {
+    let mut rx = store.endpoint_rotation();
+    loop {
+        let states = rx.borrow_and_update().clone();
+        observer.endpoints_probed(&states);
+        if rx.changed().await.is_err() {
+            return;
+        }
     }
 }
 

@@ -265,9 +265,11 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
         .await
         .unwrap();
     let addr = format!("127.0.0.1:{}", test_support::etcd::free_port());
+    // a also gets an endpoint where nothing listens: probed, out of rotation.
+    let dead = format!("http://127.0.0.1:{}", test_support::etcd::free_port());
     let mut v = FencedRun::start(&ep, root, "v", dir.path(), &[], &[]);
     let a = FencedRun::start(
-        &ep,
+        &format!("{ep},{dead}"),
         root,
         "a",
         dir.path(),
@@ -299,6 +301,41 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
     let lease_age = sample(&before, "fenced_lease_age_seconds", &[]);
     assert!((0.0..2.0).contains(&lease_age), "{before}");
     assert!(sample(&before, "fenced_self_fence_margin_left_seconds", &[]) > 2.0);
+    let live_ep = format!("endpoint=\"{ep}\"");
+    let dead_ep = format!("endpoint=\"{dead}\"");
+    assert_eq!(
+        sample(&before, "fenced_etcd_endpoint_in_rotation", &[&live_ep]),
+        1.0,
+        "{before}"
+    );
+    assert!(
+        before
+            .lines()
+            .any(|l| l == format!("fenced_etcd_endpoint_in_rotation{{{dead_ep}}} 0")),
+        "{before}"
+    );
+    assert!(
+        sample(
+            &before,
+            "fenced_etcd_endpoint_probe_failures_total",
+            &[&dead_ep, "verdict=\"refused\""]
+        ) >= 1.0
+    );
+    assert_eq!(
+        sample(
+            &before,
+            "fenced_etcd_endpoint_probe_failures_total",
+            &[&live_ep]
+        ),
+        0.0
+    );
+    assert!(
+        sample(
+            &before,
+            "fenced_etcd_endpoint_probe_duration_seconds_count",
+            &[&live_ep]
+        ) >= 1.0
+    );
 
     v.kill();
     wait_until("v fenced", Duration::from_secs(20), || async {
@@ -373,9 +410,8 @@ async fn healthz_turns_red_when_the_sweep_task_stops_and_the_task_is_restarted()
     })
     .await;
     let m = get(&addr, "/metrics").await.unwrap().1;
-    assert_eq!(
-        sample(&m, "fenced_task_up", &["task=\"sweep\""]),
-        0.0,
+    assert!(
+        m.lines().any(|l| l == "fenced_task_up{task=\"sweep\"} 0"),
         "{m}"
     );
     assert_eq!(

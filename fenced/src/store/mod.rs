@@ -37,7 +37,7 @@ mod view;
 
 pub use error::StoreError;
 pub use fence::{ClaimGuard, ClaimRefusal, ClaimResult};
-pub use health::probe_endpoints;
+pub use health::{EndpointState, probe_endpoints};
 pub use membership::Joined;
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
@@ -78,6 +78,8 @@ pub struct EtcdStore {
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
     /// Counts endpoints taken out of rotation ([`EtcdStore::endpoint_removals`]).
     removals: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Each endpoint as the last probe round saw it ([`EtcdStore::endpoint_rotation`]).
+    rotation: Arc<tokio::sync::watch::Sender<Vec<EndpointState>>>,
     /// Malformed records the sweep has logged (escaped key -> mod revision), so each
     /// is logged once ([`view`]).
     malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
@@ -230,6 +232,7 @@ impl EtcdStore {
             .map_err(|e| StoreError::classify("connect", e))?;
         let keys = Keys::new(root);
         let removals = Arc::new(tokio::sync::watch::Sender::new(0));
+        let rotation = Arc::new(tokio::sync::watch::Sender::new(Vec::new()));
         let health = match endpoints.len() {
             0 | 1 => None,
             _ => Some(Arc::new(
@@ -239,6 +242,7 @@ impl EtcdStore {
                     keys.root(),
                     opts,
                     removals.clone(),
+                    rotation.clone(),
                 )
                 .await,
             )),
@@ -251,6 +255,7 @@ impl EtcdStore {
             first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
             removals,
+            rotation,
             malformed_seen: Arc::default(),
             _health: health,
         };
@@ -278,6 +283,13 @@ impl EtcdStore {
     /// answer that never comes: reopen it, and it lands on a member that serves.
     pub fn endpoint_removals(&self) -> tokio::sync::watch::Receiver<u64> {
         self.removals.subscribe()
+    }
+
+    /// Each endpoint as the last probe round saw it: in rotation or not, the probe's
+    /// verdict and duration. Probing runs with two or more endpoints; with one, this
+    /// stays empty.
+    pub fn endpoint_rotation(&self) -> tokio::sync::watch::Receiver<Vec<EndpointState>> {
+        self.rotation.subscribe()
     }
 
     /// The etcd client (cheap clone).
