@@ -267,6 +267,8 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
     let addr = format!("127.0.0.1:{}", test_support::etcd::free_port());
     // a also gets an endpoint where nothing listens: probed, out of rotation.
     let dead = format!("http://127.0.0.1:{}", test_support::etcd::free_port());
+    let notify = NotifySocket::bind(dir.path());
+    let sock = notify.path.to_str().unwrap().to_owned();
     let mut v = FencedRun::start(&ep, root, "v", dir.path(), &[], &[]);
     let a = FencedRun::start(
         &format!("{ep},{dead}"),
@@ -274,7 +276,7 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
         "a",
         dir.path(),
         &["--metrics-listen", &addr],
-        &[],
+        &[("NOTIFY_SOCKET", &sock)],
     );
     wait_members(&store, &["v", "a"]).await;
     wait_until("a is ready", Duration::from_secs(10), || async {
@@ -377,7 +379,67 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
     )
     .await;
     assert_eq!(get(&addr, "/healthz").await.unwrap().0, 200);
+    // systemd's status line named the fence while it ran, and dropped it after.
+    let statuses: Vec<String> = notify
+        .messages()
+        .into_iter()
+        .map(|(_, m)| m)
+        .filter(|m| m.starts_with("STATUS="))
+        .collect();
+    let fencing = statuses
+        .iter()
+        .position(|m| m == "STATUS=member a at generation 0; fencing v")
+        .unwrap_or_else(|| panic!("{statuses:?}"));
+    assert_eq!(
+        statuses[fencing + 1..].last().map(String::as_str),
+        Some("STATUS=member a at generation 0"),
+        "{statuses:?}"
+    );
     drop(a);
+}
+
+#[tokio::test]
+async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start();
+    let ep = etcd.endpoint();
+    let root = "/service-leave";
+    let dir = tempfile::tempdir().unwrap();
+    let store = EtcdStore::connect(std::slice::from_ref(&ep), root, Duration::from_secs(3))
+        .await
+        .unwrap();
+    let notify = NotifySocket::bind(dir.path());
+    let sock = notify.path.to_str().unwrap().to_owned();
+    let pid_file = dir.path().join("fenced.pid");
+    let pid_arg = pid_file.to_str().unwrap().to_owned();
+    let mut a = FencedRun::start(
+        &ep,
+        root,
+        "a",
+        dir.path(),
+        &["--pid-file", &pid_arg],
+        &[("NOTIFY_SOCKET", &sock)],
+    );
+    wait_members(&store, &["a"]).await;
+    wait_until("READY", Duration::from_secs(10), || async {
+        notify.has("READY=1")
+    })
+    .await;
+    // What the unit's ExecStop= runs.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_fenced"))
+        .args(["leave", "--pid-file", &pid_arg])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}\n{}", a.log());
+    assert!(!a.running());
+    let text: Vec<String> = notify.messages().into_iter().map(|(_, m)| m).collect();
+    let ready = text.iter().position(|m| m.starts_with("READY=1")).unwrap();
+    let stopping = text
+        .iter()
+        .position(|m| m.starts_with("STOPPING=1\nSTATUS=leaving: a quiesces I/O"))
+        .unwrap_or_else(|| panic!("no STOPPING=1 in {text:?}"));
+    assert!(ready < stopping, "{text:?}");
+    assert!(a.log().contains("departed: marker written"), "{}", a.log());
 }
 
 #[cfg(feature = "failpoints")]
