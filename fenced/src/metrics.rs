@@ -57,6 +57,17 @@ struct ProbeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandLabels {
+    command: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CommandStatusLabels {
+    command: &'static str,
+    status: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TaskLabels {
     task: &'static str,
 }
@@ -86,6 +97,8 @@ struct Metrics {
     endpoint_in_rotation: Family<EndpointLabels, Gauge>,
     endpoint_probe: Family<EndpointLabels, Histogram>,
     endpoint_trouble: Family<ProbeLabels, Counter>,
+    device_seconds: Family<CommandLabels, Histogram>,
+    device_commands: Family<CommandStatusLabels, Counter>,
 }
 
 impl Metrics {
@@ -108,6 +121,8 @@ impl Metrics {
             endpoint_in_rotation: Family::default(),
             endpoint_probe: Family::new_with_constructor(step_histogram),
             endpoint_trouble: Family::default(),
+            device_seconds: Family::new_with_constructor(step_histogram),
+            device_commands: Family::default(),
         };
         let r = &mut m.registry;
         r.register(
@@ -184,6 +199,16 @@ impl Metrics {
             "etcd_endpoint_probe_failures",
             "Endpoint probes that did not find the endpoint serving, by verdict (degraded, silent, refused)",
             m.endpoint_trouble.clone(),
+        );
+        r.register(
+            "device_command_duration_seconds",
+            "Duration of each reservation command on the shared namespace (register, acquire, release, report), the agent's and the fencer's",
+            m.device_seconds.clone(),
+        );
+        r.register(
+            "device_commands",
+            "Reservation commands by result: ok, the NVMe status code (SCT/SC, e.g. 0x083 reservation conflict), ioctl_error or other",
+            m.device_commands.clone(),
         );
         r.register(
             "ready",
@@ -558,6 +583,25 @@ impl Observer {
         }
     }
 
+    fn device_command<T>(&self, command: &'static str, d: Duration, r: &nvme_resv::Result<T>) {
+        self.m()
+            .device_seconds
+            .get_or_create(&CommandLabels { command })
+            .observe(d.as_secs_f64());
+        let status = match r {
+            Ok(_) => "ok".to_owned(),
+            Err(e) => match (e.status(), e) {
+                (Some(st), _) => format!("{:#05x}", st.code()),
+                (None, nvme_resv::Error::Ioctl { .. }) => "ioctl_error".to_owned(),
+                (None, _) => "other".to_owned(),
+            },
+        };
+        self.m()
+            .device_commands
+            .get_or_create(&CommandStatusLabels { command, status })
+            .inc();
+    }
+
     /// The metrics in the Prometheus text format (0.0.4).
     pub fn encode(&self) -> String {
         self.update_ready(Instant::now());
@@ -565,6 +609,53 @@ impl Observer {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.m().registry);
         out
+    }
+}
+
+/// A reservation device whose every command is timed and counted by status
+/// (`fenced_device_command_duration_seconds`, `fenced_device_commands_total`); the
+/// commands themselves pass through unchanged.
+pub struct ObservedDevice {
+    inner: crate::fencer::Device,
+    observer: Observer,
+}
+
+impl ObservedDevice {
+    /// `inner`, reporting to `observer`.
+    pub fn wrap(inner: crate::fencer::Device, observer: Observer) -> crate::fencer::Device {
+        Arc::new(Self { inner, observer })
+    }
+
+    fn timed<T>(
+        &self,
+        command: &'static str,
+        f: impl FnOnce() -> nvme_resv::Result<T>,
+    ) -> nvme_resv::Result<T> {
+        let t0 = Instant::now();
+        let r = f();
+        self.observer.device_command(command, t0.elapsed(), &r);
+        r
+    }
+}
+
+impl std::fmt::Debug for ObservedDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObservedDevice").finish_non_exhaustive()
+    }
+}
+
+impl nvme_resv::Reservations for ObservedDevice {
+    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
+        self.timed("register", || self.inner.register(cmd))
+    }
+    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
+        self.timed("acquire", || self.inner.acquire(cmd))
+    }
+    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
+        self.timed("release", || self.inner.release(cmd))
+    }
+    fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
+        self.timed("report", || self.inner.report())
     }
 }
 
@@ -743,6 +834,45 @@ mod tests {
         );
         assert!(text.contains("fenced_fences_total{result=\"failed\",trigger=\"sweep\"} 1"));
         assert!(text.contains("fenced_fence_step_duration_seconds_count{step=\"claim\"} 1"));
+    }
+
+    #[test]
+    fn device_commands_are_timed_and_counted_by_status() {
+        use nvme_resv::{
+            Acquire, AcquireAction, Cptpl, HostId, Key, Register, RegisterAction, Reservations,
+        };
+        let o = Observer::new();
+        let ns = nvme_resv::model::Namespace::new();
+        let dev = ObservedDevice::wrap(Arc::new(ns.host(HostId([0xa; 16]))), o.clone());
+        let register = Register {
+            rrega: RegisterAction::Register,
+            crkey: Key(0),
+            nrkey: Key(7),
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        };
+        dev.register(&register).unwrap();
+        assert!(dev.report().unwrap().is_registered(Key(7)));
+        // Acquire with a key we do not hold: the device answers Reservation Conflict.
+        let e = dev
+            .acquire(&Acquire {
+                racqa: AcquireAction::Acquire,
+                rtype: crate::fencer::RESERVATION_TYPE,
+                crkey: Key(8),
+                prkey: Key(0),
+                iekey: false,
+            })
+            .unwrap_err();
+        assert!(e.is_reservation_conflict(), "{e}");
+        let text = o.encode();
+        for line in [
+            "fenced_device_commands_total{command=\"register\",status=\"ok\"} 1",
+            "fenced_device_commands_total{command=\"report\",status=\"ok\"} 1",
+            "fenced_device_commands_total{command=\"acquire\",status=\"0x083\"} 1",
+            "fenced_device_command_duration_seconds_count{command=\"acquire\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} not in\n{text}");
+        }
     }
 
     #[tokio::test]
