@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use fenced::store::{Status, StoreOptions, probe_endpoints};
 
 use super::OpError;
-use super::audit::now_unix_ms;
 use crate::config::{self, EtcdArgs, EtcdSettings};
 
 #[derive(Debug, clap::Args)]
@@ -192,14 +191,17 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
         Ok(f) => f,
         Err(e) => return unknown(&e),
     };
-    let settings = EtcdSettings::resolve(&args.etcd, &file);
+    let settings = match EtcdSettings::resolve(&args.etcd, &file) {
+        Ok(s) => s,
+        Err(e) => return unknown(&e),
+    };
     let endpoints = probe_endpoints(
         &settings.endpoints,
         store.keys().root(),
         &StoreOptions::default(),
     )
     .await;
-    let (level, line) = verdict(&status, &endpoints, t, now_unix_ms());
+    let (level, line) = verdict(&status, &endpoints, t, fenced::clock::unix_ms());
     println!("{line}");
     Ok(ExitCode::from(level.code()))
 }

@@ -4,19 +4,12 @@
 
 use std::process::ExitCode;
 
-use clap::ValueEnum;
 use fenced::store::{NodeRow, Status};
 
 use super::OpError;
-use super::audit::{JSON_VERSION, fmt_unix_ms, now_unix_ms};
+pub use super::format::Output;
+use super::format::{JSON_VERSION, fmt_unix_ms};
 use crate::config::EtcdArgs;
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -33,7 +26,7 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
         .status()
         .await
         .map_err(OpError::store("read the cluster status"))?;
-    let now = now_unix_ms();
+    let now = fenced::clock::unix_ms();
     match args.output {
         Output::Json => println!(
             "{}",
