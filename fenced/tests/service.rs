@@ -431,7 +431,12 @@ async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{out:?}\n{}", a.log());
-    assert!(!a.running());
+    // `leave` returns with the daemon's answer; the process exits right after.
+    wait_until("the daemon exits", Duration::from_secs(5), || {
+        let running = a.running();
+        async move { !running }
+    })
+    .await;
     let text: Vec<String> = notify.messages().into_iter().map(|(_, m)| m).collect();
     let ready = text.iter().position(|m| m.starts_with("READY=1")).unwrap();
     let stopping = text
