@@ -203,6 +203,12 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     pub log_json: bool,
+    /// Run with reservations on a namespace that reports neither an NGUID nor an
+    /// EUI-64. Without either, fenced cannot tell the shared namespace from another
+    /// namespace of the same subsystem (only the subsystem NQN is compared), so it
+    /// refuses unless told. Command line / env only, on purpose.
+    #[arg(long, env = "FENCED_ALLOW_UNIDENTIFIED_NAMESPACE")]
+    pub allow_unidentified_namespace: bool,
     /// Serve Prometheus metrics (`/metrics`), `/healthz` and `/readyz` over HTTP on this
     /// address, e.g. 127.0.0.1:9477.
     #[arg(long, env = "FENCED_METRICS_LISTEN", value_name = "ADDR")]
@@ -575,6 +581,7 @@ pub struct Settings {
     /// `None`: no control socket (leave by SIGTERM only).
     pub control_socket: Option<PathBuf>,
     pub log_json: bool,
+    pub allow_unidentified_namespace: bool,
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
@@ -731,6 +738,7 @@ impl Settings {
             pid_file: cli.pid_file.clone(),
             control_socket,
             log_json: cli.log_json,
+            allow_unidentified_namespace: cli.allow_unidentified_namespace,
             metrics_listen: cli.metrics_listen,
         })
     }

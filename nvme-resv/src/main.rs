@@ -51,7 +51,8 @@ enum Verb {
     /// Reservation Report: generation, type held and every registrant
     /// (nvme resv-report --eds).
     Report(ReportArgs),
-    /// What the namespace supports: reservation types (RESCAP), IEKEY, PTPL, block size.
+    /// What the namespace supports: reservation types (RESCAP), IEKEY, PTPL, block size;
+    /// and which namespace it is (NGUID, EUI-64, subsystem NQN).
     Capabilities(CapsArgs),
     /// Print the reservation key of a node id (FNV-1a 64; never 0).
     KeyForNode {
@@ -355,6 +356,7 @@ fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
         Verb::Capabilities(a) => {
             let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
             let c = ns.capabilities().map_err(with(&a.device))?;
+            let id = ns.namespace_identity().map_err(with(&a.device))?;
             match a.output {
                 Output::Json => {
                     let v = serde_json::json!({
@@ -367,11 +369,15 @@ fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
                         "ptpl": c.ptpl,
                         "lba_size": c.lba_size,
                         "nsze": c.nsze,
+                        "nguid": id.nguid_hex(),
+                        "eui64": id.eui64_hex(),
+                        "subnqn": id.subnqn,
                     });
                     println!("{v:#}");
                 }
                 Output::Normal => {
                     println!("{} (nsid {}):", a.device.display(), ns.nsid());
+                    println!("  identity: {id}");
                     println!(
                         "  reservations: {} (ONCS bit 5 {}, RESCAP {:#04x})",
                         if c.reservations {

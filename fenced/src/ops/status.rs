@@ -32,7 +32,19 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
             "{}",
             serde_json::to_string_pretty(&json(&s, now)).unwrap_or_default()
         ),
-        Output::Text => print!("{}", text(&s, now)),
+        Output::Text => {
+            print!("{}", text(&s, now));
+            // The shared namespace recorded by the first join (what every join and
+            // NVMe fence compares its device with).
+            let ns = store
+                .namespace_record()
+                .await
+                .map_err(OpError::store("read the recorded namespace"))?;
+            println!(
+                "namespace: {}",
+                ns.map_or_else(|| "(none recorded)".to_owned(), |n| n.to_string())
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

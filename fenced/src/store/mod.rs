@@ -31,6 +31,7 @@ mod arenas;
 mod error;
 mod fence;
 mod health;
+mod identity;
 mod membership;
 mod operator;
 mod view;
