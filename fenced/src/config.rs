@@ -13,6 +13,7 @@ use clap::ValueEnum;
 use fenced::NodeId;
 use fenced::fencer::PreemptMode;
 use fenced::node::InvalidNodeId;
+use fenced::store::EtcdSecurity;
 use serde::Deserialize;
 
 /// The defaults, in one place.
@@ -73,11 +74,31 @@ pub struct EtcdArgs {
     /// Optional TOML config file (keys as the long flags, with underscores).
     #[arg(long, env = "FENCED_CONFIG")]
     pub config: Option<PathBuf>,
+    /// CA bundle (PEM) that verifies the etcd servers of https:// endpoints (default:
+    /// the system CA store).
+    #[arg(long, env = "FENCED_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd; with etcd's --client-cert-auth and
+    /// no --etcd-user, its CN is the etcd user.
+    #[arg(long, env = "FENCED_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "FENCED_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (password authentication; the password comes from
+    /// --etcd-password-file or FENCED_ETCD_PASSWORD, never from a flag, which `ps`
+    /// would show).
+    #[arg(long, env = "FENCED_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File whose first line is the etcd user's password.
+    #[arg(long, env = "FENCED_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 /// One layer of settings: the `run` flags (with their env vars) and the TOML file's
-/// schema. `etcd_endpoints` and `root` are file keys here; their flags are declared
-/// by [`EtcdArgs`] (the operator commands take them too).
+/// schema. `etcd_endpoints`, `root` and the etcd TLS and credential settings are file
+/// keys here; their flags are declared by [`EtcdArgs`] (the operator commands take
+/// them too).
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Layer {
@@ -85,6 +106,16 @@ pub struct Layer {
     etcd_endpoints: Option<Vec<String>>,
     #[arg(skip)]
     root: Option<String>,
+    #[arg(skip)]
+    etcd_ca: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_cert: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_key: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_user: Option<String>,
+    #[arg(skip)]
+    etcd_password_file: Option<PathBuf>,
     /// This node's id ([A-Za-z0-9._-], at most 63).
     #[arg(long, env = "FENCED_NODE_ID")]
     node_id: Option<String>,
@@ -258,13 +289,28 @@ pub struct EtcdSettings {
     pub endpoints: Vec<String>,
     /// Key root.
     pub root: String,
+    /// TLS files and credentials (the files are read when connecting).
+    pub security: EtcdSecurity,
 }
 
+/// Environment variable holding the etcd password (when no password file is given).
+pub const ETCD_PASSWORD_ENV: &str = "FENCED_ETCD_PASSWORD";
+
 impl EtcdSettings {
-    /// The operator commands: endpoints and root from the flags (or env), else the
-    /// file, else the defaults.
+    /// The operator commands: endpoints, root, TLS files and credentials from the
+    /// flags (or env), else the file, else the defaults. The password comes from
+    /// `--etcd-password-file` (read when connecting), else `FENCED_ETCD_PASSWORD`.
     pub fn resolve(cli: &EtcdArgs, file: &Layer) -> Self {
+        let pick = |c: &Option<PathBuf>, f: &Option<PathBuf>| c.clone().or_else(|| f.clone());
         Self {
+            security: EtcdSecurity {
+                ca: pick(&cli.etcd_ca, &file.etcd_ca),
+                cert: pick(&cli.etcd_cert, &file.etcd_cert),
+                key: pick(&cli.etcd_key, &file.etcd_key),
+                user: cli.etcd_user.clone().or_else(|| file.etcd_user.clone()),
+                password_file: pick(&cli.etcd_password_file, &file.etcd_password_file),
+                password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+            },
             endpoints: cli
                 .etcd_endpoints
                 .clone()
@@ -457,7 +503,11 @@ mod tests {
             s.etcd,
             EtcdSettings {
                 endpoints: vec![defaults::ETCD_ENDPOINT.into()],
-                root: defaults::ROOT.into()
+                root: defaults::ROOT.into(),
+                security: EtcdSecurity {
+                    password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+                    ..EtcdSecurity::default()
+                },
             }
         );
         assert_eq!(s.ttl, Duration::from_secs(5));

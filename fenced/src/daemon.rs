@@ -36,7 +36,16 @@ pub enum ConnectError {
         #[source]
         source: StoreError,
     },
-    /// An error retrying cannot fix (bad URL, ...).
+    /// The TLS handshake failed or etcd refused the credentials: retrying with the
+    /// same files and user fails the same way.
+    #[error("etcd at {endpoints} refused the connection (presented: {security}): {source}")]
+    Refused {
+        endpoints: String,
+        security: String,
+        #[source]
+        source: StoreError,
+    },
+    /// An error retrying cannot fix (bad URL, a TLS file that cannot be read, ...).
     #[error("cannot use etcd at {endpoints}: {source}")]
     Unusable {
         endpoints: String,
@@ -112,13 +121,19 @@ pub fn init_logging(json: bool) {
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
 /// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
-/// never). Errors other than "unavailable" (bad URL, ...) are not retried.
+/// never). Errors other than "unavailable" (bad URL, a TLS file that cannot be read,
+/// a certificate or credentials etcd refuses) are not retried. `etcd`'s TLS files
+/// and credentials replace those of `opts`.
 pub async fn connect(
     etcd: &EtcdSettings,
     claim_ttl: Duration,
     opts: &StoreOptions,
     give_up: Option<Duration>,
 ) -> Result<EtcdStore, ConnectError> {
+    let opts = &StoreOptions {
+        security: etcd.security.clone(),
+        ..opts.clone()
+    };
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
@@ -153,6 +168,13 @@ pub async fn connect(
                     endpoints: eps,
                     waited_s: t0.elapsed().as_secs_f32(),
                     attempts: attempt,
+                    source,
+                });
+            }
+            Err(source @ (StoreError::Tls { .. } | StoreError::Denied { .. })) => {
+                return Err(ConnectError::Refused {
+                    endpoints: eps,
+                    security: etcd.security.describe(),
                     source,
                 });
             }
