@@ -192,6 +192,8 @@ pub struct Etcd {
     /// Plaintext `/health` listener of a TLS server (`--listen-metrics-urls`).
     health_port: Option<u16>,
     tls: bool,
+    /// The arguments it was started with ([`Etcd::restart`]).
+    args: Vec<std::ffi::OsString>,
 }
 
 /// How [`Etcd::start_with`] secures the client port.
@@ -258,6 +260,7 @@ impl Etcd {
         if let Some(ttl) = opts.auth_token_ttl_secs {
             cmd.arg(format!("--auth-token-ttl={ttl}"));
         }
+        let args: Vec<std::ffi::OsString> = cmd.get_args().map(ToOwned::to_owned).collect();
         let child = cmd
             .stdout(Stdio::null())
             .stderr(log)
@@ -274,7 +277,36 @@ impl Etcd {
             client_port: cp,
             health_port,
             tls: opts.tls.is_some(),
+            args,
         };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    /// SIGKILLs the server and starts it again on the same ports and data dir (a
+    /// member restart: leases and keys survive, simple auth tokens do not), then waits
+    /// for `/health`.
+    ///
+    /// # Panics
+    /// As [`Etcd::start`].
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("log file");
+        self.child = Command::new(etcd_binary())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("restart etcd");
+        self.wait_healthy();
+    }
+
+    fn wait_healthy(&mut self) {
+        let etcd = self;
         let t0 = Instant::now();
         while !etcd.healthy() {
             if let Ok(Some(status)) = etcd.child.try_wait() {
@@ -290,7 +322,6 @@ impl Etcd {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        etcd
     }
 
     fn healthy(&self) -> bool {

@@ -201,6 +201,9 @@ impl EtcdSecurity {
                             .to_owned(),
                     });
                 }
+                for c in &certs {
+                    check_validity("client certificate (--etcd-cert)", cert, c)?;
+                }
                 let key_pem = read("client key (--etcd-key)", key)?;
                 PrivateKeyDer::from_pem_slice(&key_pem)
                     .map_err(|e| parse_error("client key (--etcd-key)", key, &e))?;
@@ -221,6 +224,146 @@ impl EtcdSecurity {
             (None, None) => {}
         }
         Ok(tls)
+    }
+}
+
+/// Refuses a certificate outside its validity period, naming the file: etcd would
+/// refuse the handshake, and under TLS 1.3 the client sees that only as a closed
+/// connection, indistinguishable from a server going away (which is retried).
+fn check_validity(
+    what: &'static str,
+    path: &Path,
+    cert: &CertificateDer<'_>,
+) -> Result<(), SecurityError> {
+    let Some((not_before, not_after)) = der::validity(cert.as_ref()) else {
+        return Err(SecurityError::Parse {
+            what,
+            path: path.to_owned(),
+            why: "not an X.509 certificate (its validity period does not decode)".to_owned(),
+        });
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let why = if now > not_after {
+        format!("expired {} (UTC; renew it)", der::show(not_after))
+    } else if now < not_before {
+        format!(
+            "not valid before {} (UTC; check this host's clock)",
+            der::show(not_before)
+        )
+    } else {
+        return Ok(());
+    };
+    Err(SecurityError::Parse {
+        what,
+        path: path.to_owned(),
+        why,
+    })
+}
+
+/// Just enough DER to read a certificate's validity period.
+mod der {
+    /// One TLV at the start of `b`: (tag, contents, rest).
+    fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+        let (&tag, b) = b.split_first()?;
+        let (&l0, mut b) = b.split_first()?;
+        let len = if l0 < 0x80 {
+            usize::from(l0)
+        } else {
+            let n = usize::from(l0 & 0x7f);
+            if n == 0 || n > 4 || b.len() < n {
+                return None;
+            }
+            let (lb, rest) = b.split_at(n);
+            b = rest;
+            lb.iter().fold(0usize, |a, &x| (a << 8) | usize::from(x))
+        };
+        (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
+    }
+
+    /// (notBefore, notAfter) in Unix seconds.
+    pub(super) fn validity(cert: &[u8]) -> Option<(i64, i64)> {
+        let (0x30, cert, _) = tlv(cert)? else {
+            return None;
+        };
+        let (0x30, tbs, _) = tlv(cert)? else {
+            return None;
+        };
+        let mut rest = tbs;
+        let (tag, _, r) = tlv(rest)?;
+        if tag == 0xa0 {
+            rest = r; // version
+        }
+        for _ in 0..3 {
+            rest = tlv(rest)?.2; // serial, signature algorithm, issuer
+        }
+        let (0x30, validity, _) = tlv(rest)? else {
+            return None;
+        };
+        let (t1, v1, r) = tlv(validity)?;
+        let (t2, v2, _) = tlv(r)?;
+        Some((time(t1, v1)?, time(t2, v2)?))
+    }
+
+    /// UTCTime (0x17, YYMMDDHHMMSSZ) or GeneralizedTime (0x18, YYYYMMDDHHMMSSZ).
+    fn time(tag: u8, v: &[u8]) -> Option<i64> {
+        let s = std::str::from_utf8(v).ok()?.strip_suffix('Z')?;
+        let (year, s) = match tag {
+            0x17 => {
+                let y: i64 = s.get(..2)?.parse().ok()?;
+                (if y < 50 { 2000 + y } else { 1900 + y }, s.get(2..)?)
+            }
+            0x18 => (s.get(..4)?.parse().ok()?, s.get(4..)?),
+            _ => return None,
+        };
+        let n = |i: usize| -> Option<i64> { s.get(i..i + 2)?.parse().ok() };
+        let days = days_from_civil(year, n(0)?, n(2)?);
+        Some(days * 86_400 + n(4)? * 3600 + n(6)? * 60 + n(8)?)
+    }
+
+    /// Days since 1970-01-01 of a proleptic Gregorian date.
+    fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+        let y = if m <= 2 { y - 1 } else { y };
+        let era = y.div_euclid(400);
+        let yoe = y - era * 400;
+        let mp = (m + 9) % 12;
+        let doy = (153 * mp + 2) / 5 + d - 1;
+        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+        era * 146_097 + doe - 719_468
+    }
+
+    /// `YYYY-MM-DD HH:MM:SS` of Unix seconds.
+    pub(super) fn show(t: i64) -> String {
+        let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let doe = z - era * 146_097;
+        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let d = doy - (153 * mp + 2) / 5 + 1;
+        let m = if mp < 10 { mp + 3 } else { mp - 9 };
+        let y = yoe + era * 400 + i64::from(m <= 2);
+        format!(
+            "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+            secs / 3600,
+            secs % 3600 / 60,
+            secs % 60
+        )
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #[test]
+        fn dates_round_trip() {
+            assert_eq!(days_from_civil(1970, 1, 1), 0);
+            assert_eq!(super::time(0x17, b"010101000000Z"), Some(978_307_200));
+            assert_eq!(super::time(0x18, b"20261201131415Z"), Some(1_796_130_855));
+            assert_eq!(super::show(1_796_130_855), "2026-12-01 13:14:15");
+            assert_eq!(super::show(978_307_200), "2001-01-01 00:00:00");
+        }
+        use super::days_from_civil;
     }
 }
 
