@@ -62,6 +62,19 @@ pub enum PreemptArg {
     Preempt,
 }
 
+/// What `fenced run` runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The node agent only (membership, liveness, self-fencing, arenas): fences no one.
+    Agent,
+    /// The controller only (watch, sweep, fence others): joins nothing, holds no lease.
+    Controller,
+    /// Both (the default).
+    #[default]
+    Both,
+}
+
 /// Where etcd is: shared by `run` and the operator commands.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct EtcdArgs {
@@ -119,6 +132,11 @@ pub struct Layer {
     /// This node's id ([A-Za-z0-9._-], at most 63).
     #[arg(long, env = "FENCED_NODE_ID")]
     node_id: Option<String>,
+    /// What to run: the node agent, the controller, or both. With etcd RBAC
+    /// (`fenced etcd-roles`) an agent needs only its node's role, a controller the
+    /// controller role.
+    #[arg(long, env = "FENCED_ROLE", value_enum)]
+    role: Option<Role>,
     /// Instance id (default: EC2 instance id, else machine id).
     #[arg(long, env = "FENCED_INSTANCE_ID")]
     instance_id: Option<String>,
@@ -235,6 +253,11 @@ pub enum ConfigError {
     /// A volume with single-signal fencing.
     #[error("--ebs-volume-id given with --fencer none (single-signal): drop one of them")]
     EbsWithNone,
+    /// A controller-only daemon with the NVMe fencer.
+    #[error(
+        "--role controller cannot use --fencer nvme: the NVMe fencer preempts with this host's own registration, which only the agent makes; use --role both on hosts with the shared namespace (or --fencer ebs/none)"
+    )]
+    NvmeControllerWithoutAgent,
     /// EBS settings in a build without the fencer.
     #[error("this fenced was built without the EBS fencer: rebuild with `--features ebs`")]
     EbsNotBuilt,
@@ -341,6 +364,7 @@ pub struct EbsSettings {
 pub struct Settings {
     pub etcd: EtcdSettings,
     pub node: NodeId,
+    pub role: Role,
     /// `None`: ask the host (EC2 instance id, else machine id) when the daemon starts.
     pub instance_id: Option<String>,
     pub block_device: Option<PathBuf>,
@@ -389,6 +413,10 @@ impl Settings {
             },
         );
         check_fencer(fencer, block_device.is_some(), ebs.volume_id.is_some())?;
+        let role = l.role.or(file.role).unwrap_or_default();
+        if role == Role::Controller && fencer == FencerKind::Nvme {
+            return Err(ConfigError::NvmeControllerWithoutAgent);
+        }
         let preempt = match l.preempt.or(file.preempt) {
             Some(PreemptArg::Preempt) => PreemptMode::Preempt,
             Some(PreemptArg::PreemptAndAbort) | None => PreemptMode::PreemptAndAbort,
@@ -401,6 +429,7 @@ impl Settings {
         Ok(Self {
             etcd,
             node,
+            role,
             instance_id: l.instance_id.or(file.instance_id),
             block_device,
             fencer,
@@ -518,6 +547,7 @@ mod tests {
         assert_eq!(s.connect_timeout, None);
         assert_eq!(s.etcd_keepalive_timeout, None);
         assert_eq!(s.instance_id, None);
+        assert_eq!(s.role, Role::Both);
     }
 
     #[test]

@@ -13,7 +13,7 @@ use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
 use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
-use crate::config::{EbsSettings, EtcdSettings, FencerKind, Settings};
+use crate::config::{EbsSettings, EtcdSettings, FencerKind, Role, Settings};
 
 /// Exit code of a daemon that self-fenced.
 pub const EXIT_SELF_FENCED: u8 = 3;
@@ -248,7 +248,17 @@ async fn with_ebs(
     Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
 }
 
-/// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences.
+fn write_pid_file(path: Option<&Path>) -> Result<(), DaemonError> {
+    let Some(p) = path else { return Ok(()) };
+    std::fs::write(p, format!("{}\n", std::process::id())).map_err(|source| DaemonError::PidFile {
+        path: p.to_owned(),
+        source,
+    })
+}
+
+/// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences. `--role`:
+/// agent only (fences no one), controller only (joins nothing; runs until signalled),
+/// or both.
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
     let device = match (s.fencer, &s.block_device) {
@@ -269,35 +279,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .await
             .map_err(|source| DaemonError::SeedArenas { source })?;
     }
-    let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
-        (FencerKind::Nvme, Some(d)) => {
-            Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
-        }
-        _ => None,
-    };
-    let fencer = with_ebs(nvme, &s.ebs, s.claim_ttl).await?;
     let node = s.node;
-    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
-    cfg.ttl = s.ttl;
-    cfg.self_fence_margin = s.self_fence_margin;
-    cfg.arenas = s.arenas;
-    cfg.watchdog_device = s.watchdog_device;
-    let agent = Agent::start(store.clone(), cfg, device, own_key)
-        .await
-        .map_err(|source| DaemonError::Agent { source })?;
-    if let Some(p) = &s.pid_file {
-        std::fs::write(p, format!("{}\n", std::process::id())).map_err(|source| {
-            DaemonError::PidFile {
-                path: p.clone(),
-                source,
-            }
-        })?;
-    }
-    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
-    ccfg.sweep_interval = s.sweep;
-    ccfg.own_node = Some(node.clone());
-    let controller = Controller::new(store, fencer, ccfg).spawn();
-    tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let leave = async {
         use tokio::signal::unix::{SignalKind, signal};
         let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
@@ -307,8 +289,51 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             _ = int.recv() => {}
         }
     };
+    // The controller (roles controller and both): fences others.
+    let controller = match s.role {
+        Role::Agent => None,
+        Role::Controller | Role::Both => {
+            let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
+                (FencerKind::Nvme, Some(d)) => {
+                    Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
+                }
+                _ => None,
+            };
+            let fencer = with_ebs(nvme, &s.ebs, s.claim_ttl).await?;
+            let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+            ccfg.sweep_interval = s.sweep;
+            ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
+            Some(Controller::new(store.clone(), fencer, ccfg))
+        }
+    };
+    if s.role == Role::Controller {
+        write_pid_file(s.pid_file.as_deref())?;
+        let task = controller.as_ref().map(Controller::spawn);
+        tracing::info!(node = %node, instance = %instance, role = "controller", "fenced running (controller only)");
+        leave.await;
+        if let Some(t) = task {
+            t.abort();
+        }
+        if let Some(p) = &s.pid_file {
+            let _ = std::fs::remove_file(p);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
+    cfg.ttl = s.ttl;
+    cfg.self_fence_margin = s.self_fence_margin;
+    cfg.arenas = s.arenas;
+    cfg.watchdog_device = s.watchdog_device;
+    let agent = Agent::start(store.clone(), cfg, device, own_key)
+        .await
+        .map_err(|source| DaemonError::Agent { source })?;
+    write_pid_file(s.pid_file.as_deref())?;
+    let controller = controller.as_ref().map(Controller::spawn);
+    tracing::info!(node = %node, instance = %instance, role = ?s.role, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let exit = agent.run(leave).await;
-    controller.abort();
+    if let Some(c) = controller {
+        c.abort();
+    }
     if let Some(p) = &s.pid_file {
         let _ = std::fs::remove_file(p);
     }

@@ -58,6 +58,10 @@ enum Cmd {
     Attest(ops::attest::AttestArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
     Leave(ops::leave::LeaveArgs),
+    /// Print the etcd roles that confine each node to its own keys (one per node, a
+    /// controller role, an operator role) as etcdctl commands; --apply creates them
+    /// (and a certificate-identified user per node) through etcd's auth API.
+    EtcdRoles(ops::roles::RolesArgs),
 }
 
 /// Why a command failed; printed as one line `fenced: ...` with its causes.
@@ -102,6 +106,7 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
+        Cmd::EtcdRoles(args) => ops::roles::etcd_roles(args).await?,
     })
 }
 

@@ -26,6 +26,10 @@ fn fenced() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fenced"))
 }
 
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -257,4 +261,130 @@ async fn full_fence_over_tls_with_certificate_and_password_identities() {
     assert!(a.running(), "a exited: {}", a.log());
     let log = a.log();
     assert!(!log.contains("refused"), "a saw a refusal: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_node_roles_confine_each_node_to_its_own_keys() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    // The roles, applied through the binary as etcd's root.
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    assert!(
+        out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/membership/a"),
+        "{out}"
+    );
+    sec.add_user("ctl", None, &["fenced-controller"]).await;
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+
+    // Agents with their node's credentials only; the controller on its own.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut args = sec.args(n);
+        args.extend(["--role".to_owned(), "agent".to_owned()]);
+        args
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let mut c_args = sec.args("ctl");
+    c_args.extend(["--role".to_owned(), "controller".to_owned()]);
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || {
+        format!(
+            "--- a\n{}\n--- b\n{}\n--- ctl\n{}",
+            a.log(),
+            b.log(),
+            c.log()
+        )
+    };
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+
+    // Node b's credentials cannot write node a's keys, nor any generation.
+    let mut root = sec.client("root").await;
+    let snapshot = async |root: &mut etcd_client::Client| {
+        let mut out = Vec::new();
+        for k in [
+            "membership/a",
+            "departed/a",
+            "arena_node/a/x",
+            "gen/a",
+            "gen/b",
+        ] {
+            let r = root.get(format!("{ROOT}{k}"), None).await.unwrap();
+            out.push((k, r.kvs().first().map(|kv| kv.value().to_vec())));
+        }
+        out
+    };
+    let before = snapshot(&mut root).await;
+    let mut as_b = sec.client("b").await;
+    for k in [
+        "membership/a",
+        "departed/a",
+        "liveness/a",
+        "arena_node/a/x",
+        "gen/a",
+        "gen/b",
+        "fence_claim/a",
+    ] {
+        let e = as_b
+            .put(format!("{ROOT}{k}"), "forged", None)
+            .await
+            .expect_err(&format!("b wrote {k}"));
+        let e = fenced::store::StoreError::classify("put", e);
+        assert!(e.is_denied(), "{k}: {e}");
+        assert!(e.to_string().contains("permission denied"), "{k}: {e}");
+    }
+    // Through fenced's own transactions too: b departing a.
+    let store_b = sec.store("b", ROOT).await.expect("b's store");
+    let node_a = fenced::NodeId::new("a").unwrap();
+    let m = root.get(format!("{ROOT}membership/a"), None).await.unwrap();
+    let a_rev = m.kvs()[0].create_revision();
+    let e = store_b.depart(&node_a, "i-a", a_rev).await.unwrap_err();
+    assert!(e.is_denied(), "{e}");
+    assert_eq!(
+        snapshot(&mut root).await,
+        before,
+        "b's attempts changed a key"
+    );
+    assert!(a.running(), "a exited: {}", a.log());
+    let live = root.get(format!("{ROOT}liveness/a"), None).await.unwrap();
+    assert!(
+        !String::from_utf8_lossy(live.kvs()[0].value()).contains("forged"),
+        "liveness/a forged"
+    );
+
+    // The roles are enough for the protocol: b dies, the controller-only daemon
+    // fences it (claim, bump, audit) and a keeps running.
+    let node_b = fenced::NodeId::new("b").unwrap();
+    b.kill();
+    let logs = || format!("--- a\n{}\n--- ctl\n{}", a.log(), c.log());
+    wait_for("ctl fenced b", Duration::from_secs(40), logs, async || {
+        ops.generation(&node_b).await.is_ok_and(|(g, _)| g == 1)
+    })
+    .await;
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert!(audit[0].to_string().contains("\"ctl/"), "{}", audit[0]);
+    assert!(a.running(), "a exited: {}", a.log());
+    assert!(c.running(), "ctl exited: {}", c.log());
 }

@@ -1,4 +1,5 @@
-//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`.
+//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`,
+//! `etcd-roles`.
 //! Each connects (when it needs etcd) with [`connect`], waiting at most
 //! [`CLI_ETCD_WAIT`].
 
@@ -7,6 +8,7 @@ pub mod audit;
 pub mod check;
 pub mod leave;
 pub mod probe;
+pub mod roles;
 pub mod status;
 
 use std::time::Duration;

@@ -33,6 +33,7 @@ mod fence;
 mod health;
 mod membership;
 mod operator;
+pub mod roles;
 mod security;
 mod view;
 
