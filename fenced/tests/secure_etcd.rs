@@ -388,3 +388,69 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     assert!(a.running(), "a exited: {}", a.log());
     assert!(c.running(), "ctl exited: {}", c.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_nodes_role_makes_it_self_fence() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+    // a: agent only; b: agent and controller (node role plus the controller role).
+    sec.client("root")
+        .await
+        .user_grant_role("b", "fenced-controller")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut a_args = sec.args("a");
+    a_args.extend(["--role".to_owned(), "agent".to_owned()]);
+    let b_args = sec.args("b");
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+
+    sec.client("root")
+        .await
+        .user_revoke_role("a", "fenced-node-a")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while a.running() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "a still running 20 s after its role was revoked: {}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = a.log();
+    assert!(log.contains("self-fenced"), "{log}");
+    assert!(log.contains("etcd refuses this node's writes"), "{log}");
+    // And b fenced it once its lease expired.
+    let node_a = fenced::NodeId::new("a").unwrap();
+    let logs = || format!("--- b\n{}", b.log());
+    wait_for("b fenced a", Duration::from_secs(30), logs, async || {
+        ops.generation(&node_a).await.is_ok_and(|(g, _)| g == 1)
+    })
+    .await;
+}
