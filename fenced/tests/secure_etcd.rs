@@ -454,3 +454,95 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
     })
     .await;
 }
+
+/// A fault under TLS and auth: the etcd member is SIGKILLed and restarted while a
+/// fence waits before its finishing transaction (`fence::bump`); the restarted member
+/// has forgotten every auth token, and the fence completes once, re-authenticated.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_killed_mid_fence_over_tls_and_auth() {
+    let mut sec = SecureEtcd::start(Some(3)).await;
+    sec.add_prefix_role("fenced", ROOT).await;
+    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
+    sec.add_user("b", None, &["fenced"]).await;
+    sec.add_user("ops", None, &["fenced"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let a_cert = sec.pki.client("a-host");
+    let a_sec = EtcdSecurity {
+        ca: Some(sec.pki.ca()),
+        cert: Some(a_cert.cert),
+        key: Some(a_cert.key),
+        user: Some("a".into()),
+        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
+        ..EtcdSecurity::default()
+    };
+    let ep = sec.endpoint();
+    let margin = ["--self-fence-margin-secs", "10", "--claim-ttl-secs", "20"];
+    let (a_tls, b_tls) = (tls_args(&a_sec), sec.args("b"));
+    let a_args = [strs(&a_tls), margin.to_vec()].concat();
+    let b_args = [strs(&b_tls), margin.to_vec()].concat();
+    let mut a = FencedRun::start(
+        &ep,
+        ROOT,
+        "a",
+        dir.path(),
+        &a_args,
+        &[("FAILPOINTS", "fence::bump=return(a/*=sleep:4000)")],
+    );
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &b_args, &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+    b.kill();
+    // The claim is taken; the fence now waits 4 s before its finishing transaction.
+    let mut root = sec.client("root").await;
+    let t0 = Instant::now();
+    loop {
+        let r = root
+            .get(format!("{ROOT}fence_claim/b"), None)
+            .await
+            .unwrap();
+        if !r.kvs().is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no claim on b: {}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sec.etcd.restart();
+    let node_b = fenced::NodeId::new("b").unwrap();
+    // Still mid-fence: the restart came between the claim and the bump.
+    let g = root.get(format!("{ROOT}gen/b"), None).await.unwrap();
+    assert_eq!(
+        g.kvs()[0].value(),
+        b"0",
+        "the fence finished before the restart"
+    );
+    let logs = || format!("--- a\n{}\n--- etcd\n{}", a.log(), sec.etcd.log());
+    wait_for("a fenced b", Duration::from_secs(40), logs, async || {
+        ops.generation(&node_b).await.is_ok_and(|(g, _)| g == 1)
+    })
+    .await;
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    let done: Vec<_> = audit
+        .iter()
+        .filter(|r| r["generation_after"] != r["generation_before"])
+        .collect();
+    assert_eq!(done.len(), 1, "{audit:?}");
+    assert!(a.running(), "a exited: {}", a.log());
+}
