@@ -546,3 +546,82 @@ async fn member_killed_mid_fence_over_tls_and_auth() {
     assert_eq!(done.len(), 1, "{audit:?}");
     assert!(a.running(), "a exited: {}", a.log());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attest_needs_the_operator_role_and_records_the_authenticated_identity() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("alice", None, &["fenced-operator"]).await;
+    // Agents only: nothing fences b but the operator.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut a = sec.args(n);
+        a.extend(["--role".to_owned(), "agent".to_owned()]);
+        a
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("alice", ROOT).await.expect("alice's store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+    b.kill();
+    let logs = || String::new();
+    wait_for(
+        "b's lease expired",
+        Duration::from_secs(20),
+        logs,
+        async || {
+            ops.status()
+                .await
+                .is_ok_and(|s| !s.members.iter().any(|(m, _)| m == "b"))
+        },
+    )
+    .await;
+    let attest = |cn: &str| {
+        fenced()
+            .args(["attest", "--root", ROOT, "--node-id", "b"])
+            .args(["--reason", "powered off; confirmed on the BMC"])
+            .args(["--etcd-endpoints", &ep])
+            .args(sec.args(cn))
+            .env("USER", "mallory")
+            .env_remove("FENCED_NODE_ID")
+            .output()
+            .unwrap()
+    };
+    // Node a's credentials (no operator role): etcd refuses the fence.
+    let o = attest("a");
+    let err = stderr(&o);
+    assert!(!o.status.success(), "a attested: {err}");
+    assert!(err.contains("permission denied"), "{err}");
+    let node_b = fenced::NodeId::new("b").unwrap();
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 0);
+    // Alice (operator role, identified by her certificate) fences b; the record names
+    // her, not $USER.
+    let o = attest("alice");
+    assert!(o.status.success(), "alice: {}", stderr(&o));
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 1);
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    let rec = audit.last().unwrap().to_string();
+    assert!(rec.contains("alice"), "{rec}");
+    assert!(!rec.contains("mallory"), "{rec}");
+}

@@ -36,7 +36,8 @@ pub struct AttestArgs {
     /// Your out-of-band evidence, recorded verbatim in the audit record.
     #[arg(long)]
     reason: String,
-    /// Who attests (default $USER).
+    /// Who attests (default $USER). Ignored when etcd authenticates this command
+    /// (--etcd-user, or a client certificate): the audit record names that identity.
     #[arg(long, env = "USER", default_value = "operator")]
     operator: String,
     /// Fence even if its liveness is unknown (no record) or its agent's lease is
@@ -218,7 +219,13 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
         );
         tokio::time::sleep(wait).await;
     }
-    let operator = args.operator;
+    // The identity etcd authenticated (user, else certificate CN) when there is one:
+    // a name anyone can type is not evidence of who attested.
+    let file = crate::config::load_file(args.etcd.config.as_deref())?;
+    let operator = crate::config::EtcdSettings::resolve(&args.etcd, &file)
+        .security
+        .identity()
+        .unwrap_or(args.operator);
     let fencer = Arc::new(Attestation {
         attested: AttestedFencer {
             operator: operator.clone(),

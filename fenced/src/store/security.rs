@@ -89,6 +89,18 @@ impl EtcdSecurity {
         self.ca.is_some() || self.cert.is_some() || self.key.is_some()
     }
 
+    /// The identity etcd authenticates this connection as: the user, else the client
+    /// certificate's CN (etcd's `--client-cert-auth` identity); `None` when neither is
+    /// configured or the certificate cannot be read.
+    pub fn identity(&self) -> Option<String> {
+        if let Some(u) = &self.user {
+            return Some(u.clone());
+        }
+        let pem = std::fs::read(self.cert.as_ref()?).ok()?;
+        let cert = CertificateDer::pem_slice_iter(&pem).next()?.ok()?;
+        der::common_name(cert.as_ref())
+    }
+
     /// What the connection presents and trusts, for error messages: "CA bundle
     /// /etc/fenced/ca.pem, client certificate ..., user ...".
     pub fn describe(&self) -> String {
@@ -282,8 +294,8 @@ mod der {
         (b.len() >= len).then(|| (tag, &b[..len], &b[len..]))
     }
 
-    /// (notBefore, notAfter) in Unix seconds.
-    pub(super) fn validity(cert: &[u8]) -> Option<(i64, i64)> {
+    /// The fields of a certificate's TBSCertificate from `validity` on.
+    fn from_validity(cert: &[u8]) -> Option<&[u8]> {
         let (0x30, cert, _) = tlv(cert)? else {
             return None;
         };
@@ -298,7 +310,33 @@ mod der {
         for _ in 0..3 {
             rest = tlv(rest)?.2; // serial, signature algorithm, issuer
         }
-        let (0x30, validity, _) = tlv(rest)? else {
+        Some(rest)
+    }
+
+    /// The subject's common name (OID 2.5.4.3).
+    pub(super) fn common_name(cert: &[u8]) -> Option<String> {
+        let after_validity = tlv(from_validity(cert)?)?.2;
+        let (0x30, mut rdns, _) = tlv(after_validity)? else {
+            return None;
+        };
+        while !rdns.is_empty() {
+            let (_, set, r) = tlv(rdns)?;
+            rdns = r;
+            let (_, atv, _) = tlv(set)?;
+            let (0x06, oid, value) = tlv(atv)? else {
+                return None;
+            };
+            if oid == [0x55, 0x04, 0x03] {
+                let (_, v, _) = tlv(value)?;
+                return String::from_utf8(v.to_vec()).ok();
+            }
+        }
+        None
+    }
+
+    /// (notBefore, notAfter) in Unix seconds.
+    pub(super) fn validity(cert: &[u8]) -> Option<(i64, i64)> {
+        let (0x30, validity, _) = tlv(from_validity(cert)?)? else {
             return None;
         };
         let (t1, v1, r) = tlv(validity)?;
@@ -489,6 +527,41 @@ mod tests {
             EtcdSecurity::default()
                 .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
                 .is_ok()
+        );
+    }
+
+    #[test]
+    fn identity_is_the_user_else_the_certificate_cn_and_expiry_is_checked() {
+        let pki = test_support::tls::Pki::new("unit CA");
+        let alice = pki.client("alice");
+        let mut s = EtcdSecurity {
+            ca: Some(pki.ca()),
+            cert: Some(alice.cert.clone()),
+            key: Some(alice.key.clone()),
+            ..EtcdSecurity::default()
+        };
+        assert_eq!(s.identity().as_deref(), Some("alice"));
+        assert!(
+            s.apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
+                .is_ok()
+        );
+        s.user = Some("bob".into());
+        assert_eq!(s.identity().as_deref(), Some("bob"));
+        assert_eq!(EtcdSecurity::default().identity(), None);
+        let old = pki.expired_client("alice");
+        let s = EtcdSecurity {
+            ca: Some(pki.ca()),
+            cert: Some(old.cert.clone()),
+            key: Some(old.key),
+            ..EtcdSecurity::default()
+        };
+        let e = s
+            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&old.cert.display().to_string()) && e.contains("expired 2001-01-01"),
+            "{e}"
         );
     }
 
