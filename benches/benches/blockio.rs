@@ -35,6 +35,21 @@ fn target() -> Target {
     Target { _dir: dir, path }
 }
 
+impl Target {
+    /// The io_uring writer of the queued benches: `queue_depth` requests in flight,
+    /// single issuer (as fio runs).
+    fn queued_writer(&self, queue_depth: usize) -> DirectWriter {
+        DirectWriter::open(
+            &self.path,
+            Options::default()
+                .engine(EngineKind::IoUring)
+                .queue_depth(queue_depth)
+                .single_issuer(true),
+        )
+        .expect("open")
+    }
+}
+
 struct Offsets {
     state: u64,
     blocks: u64,
@@ -105,14 +120,7 @@ fn write_4k_qd32(c: &mut Criterion) {
     let mut g = c.benchmark_group("blockio/4k-randwrite-qd32");
     const N: u64 = 256;
     g.throughput(Throughput::Elements(N));
-    let mut w = DirectWriter::open(
-        &t.path,
-        Options::default()
-            .engine(EngineKind::IoUring)
-            .queue_depth(32)
-            .single_issuer(true),
-    )
-    .expect("open");
+    let mut w = t.queued_writer(32);
     let mut bufs: Vec<AlignedBuf> = (0..32)
         .map(|_| AlignedBuf::from_slice(&[0xa5; 4096], 4096).expect("buf"))
         .collect();
@@ -128,14 +136,7 @@ fn write_1m_seq(c: &mut Criterion) {
     let mut g = c.benchmark_group("blockio/1m-write-qd8");
     const N: u64 = 32;
     g.throughput(Throughput::Bytes(N << 20));
-    let mut w = DirectWriter::open(
-        &t.path,
-        Options::default()
-            .engine(EngineKind::IoUring)
-            .queue_depth(8)
-            .single_issuer(true),
-    )
-    .expect("open");
+    let mut w = t.queued_writer(8);
     let mut bufs: Vec<AlignedBuf> = (0..8)
         .map(|_| AlignedBuf::zeroed(1 << 20, 4096).expect("buf"))
         .collect();

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use benches::{Etcd, Summary, full_mode, samples};
+use benches::{Etcd, Summary, full_mode, runtime, samples};
 use etcd_client::{Client, EventType, PutOptions, Txn, TxnOp, WatchOptions};
 
 const TTL_SECS: u64 = 5;
@@ -298,11 +298,7 @@ fn main() {
         Duration::from_secs(3)
     };
     let dir = tempfile::tempdir().expect("temp dir");
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = runtime();
     let etcd = Etcd::start();
     let only = std::env::var("FENCED_BENCH_ONLY").unwrap_or_default();
     if only.is_empty() || only == "footprint" {

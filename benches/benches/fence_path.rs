@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use benches::{Etcd, Summary, samples};
+use benches::{Etcd, Summary, runtime, samples};
 use etcd_client::{EventType, WatchOptions};
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
@@ -26,11 +26,7 @@ const CLAIM_TTL: Duration = Duration::from_secs(30);
 
 fn main() {
     let n = samples(5, 300);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = runtime();
     let etcd = Etcd::start();
     rt.block_on(run(&etcd, n));
 }

@@ -1,15 +1,16 @@
-//! Sweep scaling: a key space with N known nodes (`gen/<node>`), 99% of them live
-//! members and 1% owed a fence (known, not a member, never fenced), on a real local
-//! etcd. Measures
+//! Sweep scaling: a key space with N known nodes (`gen/<node>` and the `instance/<node>`
+//! record of their last join), 99% of them live members and 1% owed a fence (known, not
+//! a member, never fenced), on a real local etcd. Measures
 //! - the sweep's read (`EtcdStore::sweep_snapshot`): wall time, etcd requests (the
 //!   store's round-trip counter) and bytes of keys and values read;
 //! - a whole `Controller::sweep_once` that also fences the 1% (`none` fencer):
 //!   wall time and etcd requests;
 //! - steady-state sweeps with nothing owed;
-//! - where the read's time goes, interleaved with the reads above: the same 7-range
-//!   transaction issued with etcd-client alone (etcd's work + gRPC + protobuf decode),
-//!   and the same decode the store does into maps, done here on that response with
-//!   fenced's public key parser (`Keys::node_of`) and `BTreeMap`s.
+//! - where the read's time goes, interleaved with the reads above: the same transaction
+//!   issued with etcd-client alone (etcd's work + gRPC + protobuf decode), and the
+//!   same decode the store does into a `SweepSnapshot`, done here on that response with
+//!   fenced's public key parser (`Keys::node_of`); the bytes of keys and values that
+//!   transaction reads.
 //!
 //! Quick (default): N = 1 000, 1 repetition. Full (`FENCED_BENCH_FULL=1 cargo bench -p
 //! benches --bench sweep_scale`): N = 1 000 and 10 000, 7 snapshot reads and 5 sweeps.
@@ -17,12 +18,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use benches::{Etcd, Summary, full_mode, samples};
-use std::collections::{BTreeMap, BTreeSet};
+use benches::{Etcd, Summary, full_mode, runtime, samples};
 
 use etcd_client::{Client, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
+use fenced::core::SweepSnapshot;
 use fenced::fencer::NoneFencer;
 use fenced::keys::Keys;
 use fenced::store::EtcdStore;
@@ -38,11 +39,7 @@ fn main() {
     };
     let reads = samples(1, 7);
     let sweeps = samples(1, 5);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("tokio runtime");
+    let rt = runtime();
     let etcd = Etcd::start();
     for &n in sizes {
         rt.block_on(run(&etcd, n, reads, sweeps));
@@ -60,19 +57,6 @@ async fn put_all(client: &mut Client, ops: Vec<TxnOp>) {
     }
 }
 
-/// Bytes of keys and values under `prefix` (keys only where the sweep reads keys only).
-async fn bytes_under(client: &mut Client, prefix: String, keys_only: bool) -> usize {
-    let mut opts = GetOptions::new().with_prefix();
-    if keys_only {
-        opts = opts.with_keys_only();
-    }
-    let r = client.get(prefix, Some(opts)).await.expect("range");
-    r.kvs()
-        .iter()
-        .map(|kv| kv.key().len() + kv.value().len())
-        .sum()
-}
-
 async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     let root = format!("/bench-sweep-{n}");
     let ep = vec![etcd.endpoint()];
@@ -88,9 +72,10 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         .collect();
     let owed: Vec<&NodeId> = nodes.iter().step_by(owed_every).collect();
     let t_pop = Instant::now();
-    let mut ops = Vec::with_capacity(2 * n);
+    let mut ops = Vec::with_capacity(3 * n);
     for (i, node) in nodes.iter().enumerate() {
         ops.push(TxnOp::put(keys.generation(node), "3", None));
+        ops.push(TxnOp::put(keys.instance(node), format!("i-{i:017x}"), None));
         if i % owed_every != 0 {
             ops.push(TxnOp::put(
                 keys.membership(node),
@@ -106,19 +91,6 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         t_pop.elapsed()
     );
 
-    let mut bytes = 0;
-    for (p, keys_only) in [
-        (keys.generation_prefix(), false),
-        (keys.pending_prefix(), false),
-        (keys.done_prefix(), false),
-        (keys.membership_prefix(), false),
-        (keys.departed_prefix(), false),
-        (keys.arena_node_all_prefix(), true),
-        (keys.claim_prefix(), true),
-    ] {
-        bytes += bytes_under(&mut client, p, keys_only).await;
-    }
-
     // The sweep's read alone, interleaved with its breakdown: the bare transaction and
     // the decode of its response.
     let mut read_lat = Vec::new();
@@ -126,6 +98,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     let mut raw_lat = Vec::new();
     let mut copy_lat = Vec::new();
     let mut decode_lat = Vec::new();
+    let mut bytes = 0;
     for _ in 0..reads {
         let rt0 = store.round_trips();
         let t0 = Instant::now();
@@ -144,9 +117,19 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         let ops = resp.op_responses();
         copy_lat.push(t0.elapsed());
         let t0 = Instant::now();
-        let (gens, members) = decode_like_the_store(&keys, &ops);
+        let decoded = decode_like_the_store(&keys, &ops);
         decode_lat.push(t0.elapsed());
-        assert_eq!((gens, members), (n, n - owed.len()));
+        // Nothing writes between the two reads: a difference is this copy drifting
+        // from the store's read.
+        assert_eq!(
+            decoded, snap,
+            "the bare copy no longer reads what the store does"
+        );
+        bytes = ops
+            .iter()
+            .flat_map(kvs)
+            .map(|kv| kv.key().len() + kv.value().len())
+            .sum::<usize>();
     }
 
     // Whole sweeps that each fence the owed 1%: reset the owed nodes' fence marks
@@ -235,8 +218,15 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     );
 }
 
-/// The sweep's read as `EtcdStore::sweep_snapshot` issues it: one transaction of seven
-/// prefix ranges (the last two keys only).
+/// The sweep's read as `EtcdStore::sweep_snapshot` issues it (`key_space` with
+/// `Scope::Sweep` in `fenced/src/store/view.rs`): one transaction of ten prefix ranges
+/// and an audit count, with the same options, in the same order.
+///
+/// A copy rather than the store's own, because the breakdown needs what the store
+/// keeps private: the transaction before it is sent (to time etcd-client alone) and
+/// its response before the decode (to time the copy and the decode apart, and to
+/// count the bytes). `run` asserts that this copy decodes to the store's snapshot, so
+/// a change to the store's read that this misses fails the bench.
 fn sweep_txn(keys: &Keys) -> Txn {
     let all = || Some(GetOptions::new().with_prefix());
     let keys_only = || Some(GetOptions::new().with_prefix().with_keys_only());
@@ -247,67 +237,73 @@ fn sweep_txn(keys: &Keys) -> Txn {
         TxnOp::get(keys.membership_prefix(), all()),
         TxnOp::get(keys.departed_prefix(), all()),
         TxnOp::get(keys.arena_node_all_prefix(), keys_only()),
-        TxnOp::get(keys.claim_prefix(), keys_only()),
+        TxnOp::get(keys.claim_prefix(), all()),
+        TxnOp::get(keys.instance_prefix(), all()),
+        TxnOp::get(keys.arena_owner_prefix(), all()),
+        TxnOp::get(keys.arena_free_prefix(), keys_only()),
+        TxnOp::get(
+            keys.audit_prefix(),
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        ),
     ])
 }
 
-/// The decode `sweep_snapshot` does (node id parsed and validated from each key, values
-/// copied into `BTreeMap`s), on a response of [`sweep_txn`]. Returns the number of
-/// generations and members decoded.
-fn decode_like_the_store(keys: &Keys, ops: &[TxnOpResponse]) -> (usize, usize) {
-    fn kvs(r: &TxnOpResponse) -> &[KeyValue] {
-        match r {
-            TxnOpResponse::Get(g) => g.kvs(),
-            _ => &[],
-        }
+/// The key-value pairs of one range of the response.
+fn kvs(r: &TxnOpResponse) -> &[KeyValue] {
+    match r {
+        TxnOpResponse::Get(g) => g.kvs(),
+        _ => &[],
     }
+}
+
+/// The decode `sweep_snapshot` does (node id parsed and validated from each key, values
+/// copied into `BTreeMap`s), on a response of [`sweep_txn`].
+fn decode_like_the_store(keys: &Keys, ops: &[TxnOpResponse]) -> SweepSnapshot {
     let text = |kv: &KeyValue| String::from_utf8_lossy(kv.value()).into_owned();
-    let mut generations = BTreeMap::new();
-    let mut pending = BTreeMap::new();
-    let mut done = BTreeMap::new();
-    let mut members = BTreeMap::new();
-    let mut departed = BTreeMap::new();
-    let mut arenas: BTreeMap<NodeId, usize> = BTreeMap::new();
-    let mut claims = BTreeSet::new();
+    let mut s = SweepSnapshot::default();
     for kv in kvs(&ops[0]) {
         if let Some(n) = keys.node_of(&keys.generation_prefix(), kv.key()) {
             let g: u64 = std::str::from_utf8(kv.value())
                 .ok()
                 .and_then(|v| v.trim().parse().ok())
                 .expect("generation value");
-            generations.insert(n, (g, kv.mod_revision()));
+            s.generations.insert(n, (g, kv.mod_revision()));
         }
     }
     for kv in kvs(&ops[1]) {
         if let Some(n) = keys.node_of(&keys.pending_prefix(), kv.key()) {
-            pending.insert(n, (text(kv), kv.mod_revision()));
+            s.pending.insert(n, (text(kv), kv.mod_revision()));
         }
     }
     for kv in kvs(&ops[2]) {
         if let Some(n) = keys.node_of(&keys.done_prefix(), kv.key()) {
-            done.insert(n, kv.mod_revision());
+            s.done.insert(n, kv.mod_revision());
         }
     }
     for kv in kvs(&ops[3]) {
         if let Some(n) = keys.node_of(&keys.membership_prefix(), kv.key()) {
-            members.insert(n, text(kv));
+            s.members.insert(n, text(kv));
         }
     }
     for kv in kvs(&ops[4]) {
         if let Some(n) = keys.node_of(&keys.departed_prefix(), kv.key()) {
-            departed.insert(n, (text(kv), kv.mod_revision()));
+            s.departed.insert(n, (text(kv), kv.mod_revision()));
         }
     }
     for kv in kvs(&ops[5]) {
         if let Some((n, _)) = keys.arena_node_of(kv.key()) {
-            *arenas.entry(n).or_default() += 1;
+            *s.arenas.entry(n).or_default() += 1;
         }
     }
     for kv in kvs(&ops[6]) {
         if let Some(n) = keys.node_of(&keys.claim_prefix(), kv.key()) {
-            claims.insert(n);
+            s.claims.insert(n);
         }
     }
-    std::hint::black_box((&pending, &done, &departed, &arenas, &claims));
-    (generations.len(), members.len())
+    for kv in kvs(&ops[7]) {
+        if let Some(n) = keys.node_of(&keys.instance_prefix(), kv.key()) {
+            s.instances.insert(n, text(kv));
+        }
+    }
+    s
 }

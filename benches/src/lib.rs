@@ -1,5 +1,6 @@
 //! Shared pieces of the benchmarks in `benches/benches/`: a real etcd started by the
-//! bench itself (from `test-support`), the quick/full switch and latency summaries.
+//! bench itself (from `test-support`), the async runtime, the quick/full switch and
+//! latency summaries.
 //!
 //! Every bench has a quick default (a handful of samples, so `cargo test -p benches
 //! --benches` proves it still runs) and a full mode for the README table, selected by
@@ -13,6 +14,19 @@ use std::time::Duration;
 /// ports with a temp data dir, killed by PID on drop. The binary is `$FENCED_ETCD` (or
 /// `$FENCED_BENCH_ETCD`), else `/usr/bin/etcd`.
 pub use test_support::etcd::{Etcd, etcd_binary, free_port};
+
+/// The async runtime of the etcd benches: multi-threaded with two workers (the
+/// machine the README's figures come from has two vCPUs), timers and I/O enabled.
+///
+/// # Panics
+/// When the runtime cannot be built (a bench has nothing to measure without it).
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
 
 /// True when `FENCED_BENCH_FULL` is set to anything but `0` or empty: take the README's
 /// sample sizes instead of the quick ones.

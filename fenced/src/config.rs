@@ -6,6 +6,8 @@
 //! (`--config`), then the defaults in [`defaults`]. One struct, [`Layer`], is both the
 //! flag set and the file schema, so every key is named once.
 
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -24,7 +26,8 @@ pub mod defaults {
     pub const ROOT: &str = "/fenced/";
     /// Membership lease TTL.
     pub const TTL_SECS: u64 = 5;
-    /// Shortest lease TTL accepted (a smaller value is raised to this).
+    /// Shortest lease TTL accepted: etcd's own minimum (it silently lengthens
+    /// shorter leases).
     pub const MIN_TTL_SECS: u64 = 2;
     /// Self-fence margin, as a multiple of the lease TTL.
     pub const SELF_FENCE_MARGIN_TTLS: u32 = 2;
@@ -34,8 +37,40 @@ pub mod defaults {
     pub const SWEEP_SECS: u64 = 30;
     /// Arenas claimed from the free pool.
     pub const ARENAS: usize = 0;
-    /// Shortest etcd keepalive timeout accepted (a smaller value is raised to this).
+    /// Shortest etcd keepalive timeout accepted.
     pub const MIN_ETCD_KEEPALIVE_TIMEOUT_SECS: u64 = 1;
+}
+
+/// The ranges and relations every setting is checked against before `fenced run`
+/// touches etcd or a device.
+pub mod limits {
+    /// Longest lease TTL: a fence starts about one TTL after a death.
+    pub const MAX_TTL_SECS: u64 = 600;
+    /// Longest self-fence margin.
+    pub const MAX_SELF_FENCE_MARGIN_SECS: u64 = 3600;
+    /// Shortest fence claim TTL: an etcd lease (2 s) plus the claim and finish round
+    /// trips of a fence that severs nothing (`--fencer none`).
+    pub const MIN_CLAIM_TTL_SECS: u64 = 3;
+    /// Shortest fence claim TTL with the NVMe fencer: a preempt and a report read
+    /// must fit in it on a healthy device.
+    pub const MIN_NVME_CLAIM_TTL_SECS: u64 = 10;
+    /// Longest fence claim TTL: a dead controller's claim blocks the fence this long.
+    pub const MAX_CLAIM_TTL_SECS: u64 = 3600;
+    /// Shortest sweep period: a sweep reads every key under the root; at 0 one idle
+    /// daemon sent 1,833 transactions in 5 s.
+    pub const MIN_SWEEP_SECS: u64 = 1;
+    /// Longest sweep period: the sweep is what catches a DELETE the watch missed.
+    pub const MAX_SWEEP_SECS: u64 = 3600;
+    /// Longest wait for etcd at start.
+    pub const MAX_CONNECT_TIMEOUT_SECS: u64 = 86_400;
+    /// Most etcd endpoints.
+    pub const MAX_ENDPOINTS: usize = 16;
+    /// Longest key root.
+    pub const MAX_ROOT_LEN: usize = 128;
+    /// Most bytes of a config file.
+    pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
+    /// Longest identifier (volume id, region, arena name).
+    pub const MAX_NAME_LEN: usize = 128;
 }
 
 /// Which fencer the daemon uses.
@@ -159,16 +194,18 @@ pub struct Layer {
     /// EBS fencer: EC2 endpoint override (a VPC endpoint, a test peer).
     #[arg(long, env = "FENCED_EBS_ENDPOINT_URL")]
     ebs_endpoint_url: Option<String>,
-    /// Membership lease TTL in seconds.
+    /// Membership lease TTL in seconds (2..=600).
     #[arg(long, env = "FENCED_TTL_SECS")]
     ttl_secs: Option<u64>,
-    /// Self-fence when the lease was not renewed for this long (default 2 x TTL).
+    /// Self-fence when the lease was not renewed for this long (default 2 x TTL; at
+    /// least the TTL, at most 3600).
     #[arg(long, env = "FENCED_SELF_FENCE_MARGIN_SECS")]
     self_fence_margin_secs: Option<u64>,
-    /// Fence claim TTL in seconds (longer than the longest fence).
+    /// Fence claim TTL in seconds, longer than the longest fence: at least 3 (10 with
+    /// the NVMe fencer; more than the EBS fence deadline, 60 s, with EBS), at most 3600.
     #[arg(long, env = "FENCED_CLAIM_TTL_SECS")]
     claim_ttl_secs: Option<u64>,
-    /// Reconciliation sweep period in seconds.
+    /// Reconciliation sweep period in seconds (1..=3600).
     #[arg(long, env = "FENCED_SWEEP_SECS")]
     sweep_secs: Option<u64>,
     /// Arenas to claim from the free pool.
@@ -203,9 +240,15 @@ pub struct RunArgs {
     /// Put these arenas into the free pool (if unowned) at start, comma separated.
     #[arg(long, value_delimiter = ',')]
     pub seed_arenas: Option<Vec<String>>,
-    /// Write our pid here (for `fenced leave`).
+    /// Write our pid here; locked while the daemon runs, removed when it exits. It
+    /// names the control socket, so `fenced leave --pid-file` finds the daemon.
     #[arg(long, env = "FENCED_PID_FILE")]
     pub pid_file: Option<PathBuf>,
+    /// Listen here for `fenced leave` (a unix socket, mode 0660: root and the daemon's
+    /// group). Default: the pid file's path with the extension `.sock`; without either,
+    /// only SIGTERM makes the daemon leave.
+    #[arg(long, env = "FENCED_CONTROL_SOCKET")]
+    pub control_socket: Option<PathBuf>,
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     pub log_json: bool,
@@ -261,6 +304,35 @@ pub enum ConfigError {
     /// EBS settings in a build without the fencer.
     #[error("this fenced was built without the EBS fencer: rebuild with `--features ebs`")]
     EbsNotBuilt,
+    /// The config path is not a regular file (a FIFO would block, `/dev/zero` never
+    /// ends).
+    #[error("cannot read config {}: it is a {kind}, not a regular file; point --config at a TOML file", path.display())]
+    NotAFile { path: PathBuf, kind: &'static str },
+    /// The config file is larger than [`limits::MAX_CONFIG_BYTES`].
+    #[error(
+        "cannot read config {}: larger than {} bytes (a config file has a few dozen lines); point --config at the right file",
+        path.display(), limits::MAX_CONFIG_BYTES
+    )]
+    TooLarge { path: PathBuf },
+    /// A number outside its range.
+    #[error("{setting} = {value}: must be {min}..={max}: {why}")]
+    OutOfRange {
+        setting: &'static str,
+        value: u64,
+        min: u64,
+        max: u64,
+        why: &'static str,
+    },
+    /// A string that breaks its rule.
+    #[error("{setting} = {value:?}: {rule}")]
+    BadValue {
+        setting: &'static str,
+        value: String,
+        rule: &'static str,
+    },
+    /// The instance id is not valid.
+    #[error("--instance-id: {0}")]
+    InstanceId(#[from] fenced::instance::InvalidInstanceId),
 }
 
 /// Reads the TOML config file (`None`: no file, an empty layer). Unknown keys and
@@ -269,11 +341,72 @@ pub fn load_file(path: Option<&Path>) -> Result<Layer, ConfigError> {
     let Some(path) = path else {
         return Ok(Layer::default());
     };
-    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+    let read = |source| ConfigError::Read {
         path: path.to_owned(),
         source,
+    };
+    // O_NONBLOCK: opening a FIFO does not wait for a writer; the type check below
+    // refuses it (and devices, directories) before anything is read.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(read)?;
+    let ft = file.metadata().map_err(read)?.file_type();
+    if !ft.is_file() {
+        return Err(ConfigError::NotAFile {
+            path: path.to_owned(),
+            kind: file_kind(ft),
+        });
+    }
+    let mut bytes = Vec::new();
+    file.take(limits::MAX_CONFIG_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(read)?;
+    if bytes.len() as u64 > limits::MAX_CONFIG_BYTES {
+        return Err(ConfigError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        read(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("not UTF-8 text ({e})"),
+        ))
     })?;
     parse_file(path, &text)
+}
+
+/// What a path that is not a regular file is, for an error line.
+pub fn file_kind(ft: std::fs::FileType) -> &'static str {
+    if ft.is_dir() {
+        "directory"
+    } else if ft.is_fifo() {
+        "FIFO"
+    } else if ft.is_char_device() {
+        "character device"
+    } else if ft.is_block_device() {
+        "block device"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_symlink() {
+        "symbolic link"
+    } else if ft.is_file() {
+        "regular file"
+    } else {
+        "special file"
+    }
+}
+
+/// The parser's message on one line (some span several: "invalid string\nexpected
+/// `"`, `'`").
+fn flat(message: &str) -> String {
+    message
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
@@ -283,7 +416,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             .span()
             .and_then(|s| text.get(..s.start))
             .map_or(1, |before| 1 + before.matches('\n').count()),
-        message: error.message().to_owned(),
+        message: flat(error.message()),
     })?;
     // Key by key first: serde's own error does not say which key was wrong.
     for (key, value) in &table {
@@ -292,7 +425,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
             return Err(ConfigError::Key {
                 path: path.to_owned(),
                 key: key.clone(),
-                message: error.message().to_owned(),
+                message: flat(error.message()),
             });
         }
     }
@@ -301,7 +434,7 @@ fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
         .map_err(|error: toml::de::Error| ConfigError::Syntax {
             path: path.to_owned(),
             line: 1,
-            message: error.message().to_owned(),
+            message: flat(error.message()),
         })
 }
 
@@ -321,11 +454,12 @@ pub const ETCD_PASSWORD_ENV: &str = "FENCED_ETCD_PASSWORD";
 
 impl EtcdSettings {
     /// The operator commands: endpoints, root, TLS files and credentials from the
-    /// flags (or env), else the file, else the defaults. The password comes from
-    /// `--etcd-password-file` (read when connecting), else `FENCED_ETCD_PASSWORD`.
-    pub fn resolve(cli: &EtcdArgs, file: &Layer) -> Self {
+    /// flags (or env), else the file, else the defaults; each endpoint and the root
+    /// checked. The password comes from `--etcd-password-file` (read when
+    /// connecting), else `FENCED_ETCD_PASSWORD`.
+    pub fn resolve(cli: &EtcdArgs, file: &Layer) -> Result<Self, ConfigError> {
         let pick = |c: &Option<PathBuf>, f: &Option<PathBuf>| c.clone().or_else(|| f.clone());
-        Self {
+        let s = Self {
             security: EtcdSecurity {
                 ca: pick(&cli.etcd_ca, &file.etcd_ca),
                 cert: pick(&cli.etcd_cert, &file.etcd_cert),
@@ -344,7 +478,129 @@ impl EtcdSettings {
                 .clone()
                 .or_else(|| file.root.clone())
                 .unwrap_or_else(|| defaults::ROOT.to_owned()),
+        };
+        if s.endpoints.is_empty() || s.endpoints.len() > limits::MAX_ENDPOINTS {
+            return Err(ConfigError::BadValue {
+                setting: "--etcd-endpoints",
+                value: s.endpoints.join(","),
+                rule: "give 1 to 16 endpoints, comma separated",
+            });
         }
+        for e in &s.endpoints {
+            check_endpoint(e)?;
+        }
+        check_root(&s.root)?;
+        Ok(s)
+    }
+}
+
+/// An etcd endpoint: `http://host:port`, `https://host:port` or `host:port` (taken as
+/// http), the host a DNS name, an IPv4 address or a bracketed IPv6 address.
+fn check_endpoint(e: &str) -> Result<(), ConfigError> {
+    let bad = |rule| ConfigError::BadValue {
+        setting: "--etcd-endpoints",
+        value: e.to_owned(),
+        rule,
+    };
+    const RULE: &str =
+        "not an etcd URL: use http://HOST:PORT or https://HOST:PORT (e.g. http://10.0.0.5:2379)";
+    let rest = e
+        .strip_prefix("http://")
+        .or_else(|| e.strip_prefix("https://"))
+        .unwrap_or(e);
+    if rest.contains("://") {
+        return Err(bad("unsupported scheme: use http:// or https://"));
+    }
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (addr, tail) = v6.split_once(']').ok_or_else(|| bad(RULE))?;
+        if addr.is_empty() || !addr.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
+            return Err(bad(RULE));
+        }
+        (addr, tail.strip_prefix(':').ok_or_else(|| bad(RULE))?)
+    } else {
+        let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad(RULE))?;
+        let dns = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
+        if host.is_empty() || !host.chars().all(dns) {
+            return Err(bad(RULE));
+        }
+        (host, port)
+    };
+    let _ = host;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(()),
+        _ => Err(bad(RULE)),
+    }
+}
+
+/// The key root: starts with `/`, printable ASCII without spaces, at most
+/// [`limits::MAX_ROOT_LEN`] bytes.
+fn check_root(root: &str) -> Result<(), ConfigError> {
+    let ok = root.starts_with('/')
+        && root.len() <= limits::MAX_ROOT_LEN
+        && root.bytes().all(|b| b.is_ascii_graphic());
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::BadValue {
+            setting: "--root",
+            value: root.to_owned(),
+            rule: "a key root starts with / and has at most 128 printable ASCII characters, no spaces (e.g. /fenced/)",
+        })
+    }
+}
+
+/// A name that ends up in an etcd key, a log line or an API call (volume id, region,
+/// arena): 1..=[`limits::MAX_NAME_LEN`] characters from `[A-Za-z0-9._:-]`, starting
+/// with a letter or digit.
+fn check_name(setting: &'static str, value: &str) -> Result<(), ConfigError> {
+    let ok = !value.is_empty()
+        && value.len() <= limits::MAX_NAME_LEN
+        && value.chars().enumerate().all(|(i, c)| {
+            c.is_ascii_alphanumeric() || (i > 0 && matches!(c, '.' | '_' | ':' | '-'))
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(ConfigError::BadValue {
+            setting,
+            value: value.to_owned(),
+            rule: "use 1 to 128 of A-Z a-z 0-9 . _ : -, starting with a letter or digit",
+        })
+    }
+}
+
+/// A path the daemon writes into its pid file or logs: no control characters.
+fn check_path(setting: &'static str, path: &Path) -> Result<(), ConfigError> {
+    let text = path.to_string_lossy();
+    if text.is_empty() || text.chars().any(char::is_control) || path.to_str().is_none() {
+        return Err(ConfigError::BadValue {
+            setting,
+            value: text.into_owned(),
+            rule: "a path must be UTF-8 without control characters",
+        });
+    }
+    Ok(())
+}
+
+/// `value` (seconds) within `min..=max`.
+fn in_range(
+    setting: &'static str,
+    value: u64,
+    min: u64,
+    max: u64,
+    why: &'static str,
+) -> Result<Duration, ConfigError> {
+    if (min..=max).contains(&value) {
+        Ok(Duration::from_secs(value))
+    } else {
+        Err(ConfigError::OutOfRange {
+            setting,
+            value,
+            min,
+            max,
+            why,
+        })
     }
 }
 
@@ -383,15 +639,17 @@ pub struct Settings {
     pub etcd_keepalive_timeout: Option<Duration>,
     pub seed_arenas: Option<Vec<String>>,
     pub pid_file: Option<PathBuf>,
+    /// `None`: no control socket (leave by SIGTERM only).
+    pub control_socket: Option<PathBuf>,
     pub log_json: bool,
 }
 
 impl Settings {
     /// Resolves `run`'s settings: `cli` (flags, and the env vars clap folded into
     /// them) over `file` over [`defaults`]. Checks everything that can be checked
-    /// without I/O.
+    /// without I/O: each value's range or rule, and the relations between them.
     pub fn resolve(cli: &RunArgs, file: Layer) -> Result<Self, ConfigError> {
-        let etcd = EtcdSettings::resolve(&cli.etcd, &file);
+        let etcd = EtcdSettings::resolve(&cli.etcd, &file)?;
         let l = cli.settings.clone();
         let pick = |c: Option<u64>, f: Option<u64>| c.or(f);
         let node_id = l
@@ -399,12 +657,22 @@ impl Settings {
             .or(file.node_id)
             .ok_or(ConfigError::MissingNodeId)?;
         let node = NodeId::new(&node_id)?;
+        let instance_id = l.instance_id.or(file.instance_id);
+        if let Some(id) = &instance_id {
+            fenced::instance::check_instance_id(id)?;
+        }
         let block_device = l.block_device.or(file.block_device);
         let ebs = EbsSettings {
             volume_id: l.ebs_volume_id.or(file.ebs_volume_id),
             region: l.ebs_region.or(file.ebs_region),
             endpoint_url: l.ebs_endpoint_url.or(file.ebs_endpoint_url),
         };
+        if let Some(v) = &ebs.volume_id {
+            check_name("--ebs-volume-id", v)?;
+        }
+        if let Some(r) = &ebs.region {
+            check_name("--ebs-region", r)?;
+        }
         let fencer = l.fencer.or(file.fencer).unwrap_or(
             if ebs.volume_id.is_some() && block_device.is_none() {
                 FencerKind::Ebs
@@ -421,42 +689,132 @@ impl Settings {
             Some(PreemptArg::Preempt) => PreemptMode::Preempt,
             Some(PreemptArg::PreemptAndAbort) | None => PreemptMode::PreemptAndAbort,
         };
-        let ttl = Duration::from_secs(
-            pick(l.ttl_secs, file.ttl_secs)
-                .unwrap_or(defaults::TTL_SECS)
-                .max(defaults::MIN_TTL_SECS),
-        );
+        let ttl_secs = pick(l.ttl_secs, file.ttl_secs).unwrap_or(defaults::TTL_SECS);
+        let ttl = in_range(
+            "--ttl-secs",
+            ttl_secs,
+            defaults::MIN_TTL_SECS,
+            limits::MAX_TTL_SECS,
+            "etcd lengthens a shorter lease to 2 s, and a fence starts about one TTL after a death",
+        )?;
+        let self_fence_margin = match pick(l.self_fence_margin_secs, file.self_fence_margin_secs) {
+            None => defaults::SELF_FENCE_MARGIN_TTLS * ttl,
+            Some(m) => in_range(
+                "--self-fence-margin-secs",
+                m,
+                ttl_secs,
+                limits::MAX_SELF_FENCE_MARGIN_SECS,
+                "at least --ttl-secs: a shorter margin self-fences a node whose lease is still valid",
+            )?,
+        };
+        let (min_claim, why_claim) = match (fencer, ebs.volume_id.is_some()) {
+            (_, true) if cfg!(feature = "ebs") => (
+                ebs_deadline_secs() + 1,
+                "longer than the EBS fence deadline, so a claim outlives the fence",
+            ),
+            (FencerKind::Nvme, _) => (
+                limits::MIN_NVME_CLAIM_TTL_SECS,
+                "longer than an NVMe preempt and report, so a claim outlives the fence",
+            ),
+            _ => (
+                limits::MIN_CLAIM_TTL_SECS,
+                "an etcd lease (2 s) plus a fence's round trips; 0 fences nothing",
+            ),
+        };
+        let claim_ttl = in_range(
+            "--claim-ttl-secs",
+            pick(l.claim_ttl_secs, file.claim_ttl_secs).unwrap_or(defaults::CLAIM_TTL_SECS),
+            min_claim,
+            limits::MAX_CLAIM_TTL_SECS,
+            why_claim,
+        )?;
+        let sweep = in_range(
+            "--sweep-secs",
+            pick(l.sweep_secs, file.sweep_secs).unwrap_or(defaults::SWEEP_SECS),
+            limits::MIN_SWEEP_SECS,
+            limits::MAX_SWEEP_SECS,
+            "each sweep reads every key under the root (at 0 an idle daemon sends thousands of transactions a second)",
+        )?;
+        let connect_timeout = pick(l.connect_timeout_secs, file.connect_timeout_secs)
+            .map(|t| {
+                in_range(
+                    "--connect-timeout-secs",
+                    t,
+                    1,
+                    limits::MAX_CONNECT_TIMEOUT_SECS,
+                    "leave it unset to wait for etcd as long as it takes",
+                )
+            })
+            .transpose()?;
+        let etcd_keepalive_timeout = pick(
+            l.etcd_keepalive_timeout_secs,
+            file.etcd_keepalive_timeout_secs,
+        )
+        .map(|t| {
+            in_range(
+                "--etcd-keepalive-timeout-secs",
+                t,
+                defaults::MIN_ETCD_KEEPALIVE_TIMEOUT_SECS,
+                ttl_secs,
+                "at most --ttl-secs: a dead connection found later than the lease expires costs the node its membership",
+            )
+        })
+        .transpose()?;
+        if let Some(arenas) = &cli.seed_arenas {
+            for a in arenas {
+                check_name("--seed-arenas", a)?;
+            }
+        }
+        for (setting, p) in [
+            ("--pid-file", cli.pid_file.as_deref()),
+            ("--control-socket", cli.control_socket.as_deref()),
+            ("--watchdog-device", l.watchdog_device.as_deref()),
+            ("--block-device", block_device.as_deref()),
+        ] {
+            if let Some(p) = p {
+                check_path(setting, p)?;
+            }
+        }
+        let control_socket = cli.control_socket.clone().or_else(|| {
+            cli.pid_file
+                .as_ref()
+                .map(|p| p.with_extension("sock"))
+                .filter(|s| Some(s) != cli.pid_file.as_ref())
+        });
         Ok(Self {
             etcd,
             node,
             role,
-            instance_id: l.instance_id.or(file.instance_id),
+            instance_id,
             block_device,
             fencer,
             preempt,
             ebs,
             ttl,
-            self_fence_margin: pick(l.self_fence_margin_secs, file.self_fence_margin_secs)
-                .map_or(defaults::SELF_FENCE_MARGIN_TTLS * ttl, Duration::from_secs),
-            claim_ttl: Duration::from_secs(
-                pick(l.claim_ttl_secs, file.claim_ttl_secs).unwrap_or(defaults::CLAIM_TTL_SECS),
-            ),
-            sweep: Duration::from_secs(
-                pick(l.sweep_secs, file.sweep_secs).unwrap_or(defaults::SWEEP_SECS),
-            ),
+            self_fence_margin,
+            claim_ttl,
+            sweep,
             arenas: l.arenas.or(file.arenas).unwrap_or(defaults::ARENAS),
             watchdog_device: l.watchdog_device.or(file.watchdog_device),
-            connect_timeout: pick(l.connect_timeout_secs, file.connect_timeout_secs)
-                .map(Duration::from_secs),
-            etcd_keepalive_timeout: pick(
-                l.etcd_keepalive_timeout_secs,
-                file.etcd_keepalive_timeout_secs,
-            )
-            .map(|s| Duration::from_secs(s.max(defaults::MIN_ETCD_KEEPALIVE_TIMEOUT_SECS))),
+            connect_timeout,
+            etcd_keepalive_timeout,
             seed_arenas: cli.seed_arenas.clone(),
             pid_file: cli.pid_file.clone(),
+            control_socket,
             log_json: cli.log_json,
         })
+    }
+}
+
+/// The EBS fence's deadline in whole seconds (the claim must outlive it).
+fn ebs_deadline_secs() -> u64 {
+    #[cfg(feature = "ebs")]
+    {
+        fenced::ebs::DEFAULT_DEADLINE.as_secs()
+    }
+    #[cfg(not(feature = "ebs"))]
+    {
+        60
     }
 }
 
@@ -551,12 +909,158 @@ mod tests {
     }
 
     #[test]
-    fn small_values_are_raised_to_the_minimum() {
-        let c = cli(&["--node-id", "n1", "--fencer", "none", "--ttl-secs", "1"]);
-        let f = file("etcd_keepalive_timeout_secs = 0\n").unwrap();
-        let s = Settings::resolve(&c, f).unwrap();
+    fn values_out_of_range_are_refused_naming_the_setting() {
+        let run = |flags: &[&str]| {
+            let mut all = vec!["--node-id", "n1", "--fencer", "none"];
+            all.extend_from_slice(flags);
+            Settings::resolve(&cli(&all), Layer::default())
+        };
+        for (flags, setting) in [
+            (&["--ttl-secs", "1"][..], "--ttl-secs"),
+            (&["--ttl-secs", "0"], "--ttl-secs"),
+            (&["--ttl-secs", "18446744073709551615"], "--ttl-secs"),
+            (&["--claim-ttl-secs", "0"], "--claim-ttl-secs"),
+            (&["--claim-ttl-secs", "2"], "--claim-ttl-secs"),
+            (&["--sweep-secs", "0"], "--sweep-secs"),
+            (&["--sweep-secs", "99999"], "--sweep-secs"),
+            (&["--connect-timeout-secs", "0"], "--connect-timeout-secs"),
+            (
+                &["--etcd-keepalive-timeout-secs", "0"],
+                "--etcd-keepalive-timeout-secs",
+            ),
+            (
+                &["--ttl-secs", "5", "--etcd-keepalive-timeout-secs", "6"],
+                "--etcd-keepalive-timeout-secs",
+            ),
+            (
+                &["--ttl-secs", "5", "--self-fence-margin-secs", "4"],
+                "--self-fence-margin-secs",
+            ),
+            (
+                &["--self-fence-margin-secs", "18446744073709551615"],
+                "--self-fence-margin-secs",
+            ),
+        ] {
+            let e = run(flags).unwrap_err();
+            assert!(
+                matches!(&e, ConfigError::OutOfRange { setting: s, .. } if *s == setting),
+                "{flags:?}: {e}"
+            );
+            let line = e.to_string();
+            assert!(line.starts_with(&format!("{setting} = ")), "{line}");
+            assert!(line.contains("must be") && line.contains(": "), "{line}");
+        }
+        // The NVMe fencer needs a longer claim than single-signal fencing.
+        let e = Settings::resolve(
+            &cli(&[
+                "--node-id",
+                "n1",
+                "--block-device",
+                "/dev/nvme1n1",
+                "--claim-ttl-secs",
+                "5",
+            ]),
+            Layer::default(),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with("--claim-ttl-secs = 5: must be 10..="),
+            "{e}"
+        );
+        // The boundaries themselves are accepted.
+        let s = run(&[
+            "--ttl-secs",
+            "2",
+            "--claim-ttl-secs",
+            "3",
+            "--sweep-secs",
+            "1",
+        ])
+        .unwrap();
         assert_eq!(s.ttl, Duration::from_secs(2));
+        assert_eq!(s.claim_ttl, Duration::from_secs(3));
+        assert_eq!(s.sweep, Duration::from_secs(1));
+        let f = file("etcd_keepalive_timeout_secs = 1\n").unwrap();
+        let s = Settings::resolve(&cli(&["--node-id", "n1", "--fencer", "none"]), f).unwrap();
         assert_eq!(s.etcd_keepalive_timeout, Some(Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn untrusted_strings_are_refused_naming_the_setting() {
+        let run = |flags: &[&str]| {
+            let mut all = vec!["--node-id", "n1", "--fencer", "none"];
+            all.extend_from_slice(flags);
+            Settings::resolve(&cli(&all), Layer::default())
+        };
+        for (flags, start) in [
+            (
+                &["--instance-id", "i-1\nforged"][..],
+                "--instance-id: invalid instance id \"i-1\\nforged\"",
+            ),
+            (
+                &["--instance-id", ""],
+                "--instance-id: invalid instance id: empty",
+            ),
+            (
+                &["--etcd-endpoints", "ftp://h:1"],
+                "--etcd-endpoints = \"ftp://h:1\": unsupported scheme",
+            ),
+            (
+                &["--etcd-endpoints", "http://h"],
+                "--etcd-endpoints = \"http://h\": not an etcd URL",
+            ),
+            (
+                &["--etcd-endpoints", "http://h:99999"],
+                "--etcd-endpoints = \"http://h:99999\"",
+            ),
+            (
+                &["--etcd-endpoints", "http://a b:1"],
+                "--etcd-endpoints = \"http://a b:1\"",
+            ),
+            (&["--etcd-endpoints", ""], "--etcd-endpoints = \"\""),
+            (
+                &["--root", "fenced"],
+                "--root = \"fenced\": a key root starts with /",
+            ),
+            (&["--root", "/a\nb"], "--root = \"/a\\nb\""),
+            (&["--seed-arenas", "a1,a/2"], "--seed-arenas = \"a/2\""),
+            (
+                &["--pid-file", "/run/x\ny.pid"],
+                "--pid-file = \"/run/x\\ny.pid\"",
+            ),
+        ] {
+            let e = run(flags).unwrap_err();
+            let line = e.to_string();
+            assert!(line.starts_with(start), "{flags:?}: {line}");
+            assert!(!line.contains('\n'), "{line}");
+        }
+        for ok in [
+            "http://127.0.0.1:2379",
+            "https://etcd-1.example.com:2379/",
+            "10.0.0.5:2379",
+            "http://[::1]:2379",
+        ] {
+            run(&["--etcd-endpoints", ok]).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_control_socket_defaults_to_the_pid_files_name() {
+        let run = |flags: &[&str]| {
+            let mut all = vec!["--node-id", "n1", "--fencer", "none"];
+            all.extend_from_slice(flags);
+            Settings::resolve(&cli(&all), Layer::default()).unwrap()
+        };
+        assert_eq!(
+            run(&["--pid-file", "/run/fenced.pid"]).control_socket,
+            Some(PathBuf::from("/run/fenced.sock"))
+        );
+        assert_eq!(
+            run(&["--pid-file", "/run/f.pid", "--control-socket", "/run/c"]).control_socket,
+            Some(PathBuf::from("/run/c"))
+        );
+        assert_eq!(run(&[]).control_socket, None);
     }
 
     #[test]
@@ -573,9 +1077,9 @@ mod tests {
             ebs_volume_id = "vol-1"
             ebs_region = "eu-west-1"
             ebs_endpoint_url = "http://127.0.0.1:5000"
-            ttl_secs = 4
+            ttl_secs = 5
             self_fence_margin_secs = 9
-            claim_ttl_secs = 60
+            claim_ttl_secs = 90
             sweep_secs = 2
             arenas = 3
             watchdog_device = "/dev/watchdog"
@@ -674,6 +1178,104 @@ mod tests {
         } else {
             let e = Settings::resolve(&ebs, Layer::default()).unwrap_err();
             assert!(matches!(e, ConfigError::EbsNotBuilt), "{e}");
+        }
+    }
+
+    /// The config parser and the resolver on any text: never a panic; an error is one
+    /// line naming the line (syntax) or the key (unknown key, wrong type) or the
+    /// setting (out of range).
+    mod fuzz {
+        use super::*;
+        use proptest::prelude::*;
+
+        const KEYS: &[&str] = &[
+            "etcd_endpoints",
+            "root",
+            "node_id",
+            "instance_id",
+            "block_device",
+            "fencer",
+            "preempt",
+            "ebs_volume_id",
+            "ebs_region",
+            "ebs_endpoint_url",
+            "ttl_secs",
+            "self_fence_margin_secs",
+            "claim_ttl_secs",
+            "sweep_secs",
+            "arenas",
+            "watchdog_device",
+            "connect_timeout_secs",
+            "etcd_keepalive_timeout_secs",
+            "ttl",
+            "pid_file",
+        ];
+
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                any::<u64>().prop_map(|v| v.to_string()),
+                any::<i64>().prop_map(|v| v.to_string()),
+                (0u64..200).prop_map(|v| v.to_string()),
+                "\"[ -~]{0,24}\"",
+                "\"[a-z0-9./:-]{0,12}\"",
+                Just("true".to_owned()),
+                Just("1.5e300".to_owned()),
+                "\\[(\"[a-z0-9:/.]{0,12}\", ?){0,3}\\]",
+                "[^\n]{0,12}",
+            ]
+        }
+
+        fn line() -> impl Strategy<Value = String> {
+            prop_oneof![
+                4 => (prop::sample::select(KEYS), value()).prop_map(|(k, v)| format!("{k} = {v}")),
+                1 => "\\[[a-z_.]{0,8}\\]",
+                1 => "[^\n]{0,40}",
+            ]
+        }
+
+        fn check(text: &str) {
+            let path = Path::new("/etc/fenced.toml");
+            let layer = match parse_file(path, text) {
+                Ok(layer) => layer,
+                Err(e) => {
+                    let msg = e.to_string();
+                    assert!(!msg.contains('\n'), "{msg}");
+                    match e {
+                        ConfigError::Syntax { line, .. } => {
+                            assert!(line >= 1 && line <= text.matches('\n').count() + 1, "{msg}");
+                        }
+                        ConfigError::Key { key, .. } => {
+                            // A quoted key may be spelled with escapes.
+                            assert!(
+                                text.contains(&key) || text.contains('"') || text.contains('\''),
+                                "{msg}"
+                            );
+                        }
+                        other => panic!("unexpected error kind: {other}"),
+                    }
+                    return;
+                }
+            };
+            for flags in [&["--node-id", "n1", "--fencer", "none"][..], &[]] {
+                if let Err(e) = Settings::resolve(&cli(flags), layer.clone()) {
+                    let msg = e.to_string();
+                    assert!(!msg.contains('\n') && !msg.is_empty(), "{msg}");
+                }
+            }
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+
+            #[test]
+            fn any_text(text in "(?s).{0,300}") {
+                check(&text);
+            }
+
+            #[test]
+            fn toml_like_text(lines in prop::collection::vec(line(), 0..14)) {
+                check(&lines.join("\n"));
+            }
         }
     }
 }

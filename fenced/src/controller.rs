@@ -19,7 +19,7 @@ use crate::core::{
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::node::NodeId;
 use crate::ports::FenceStore;
-use crate::store::{ClaimGuard, EtcdStore, StoreError, count_round_trips};
+use crate::store::{Abort, ClaimGuard, EtcdStore, Finish, StoreError, count_round_trips};
 
 /// Controller settings.
 #[derive(Debug, Clone)]
@@ -268,10 +268,17 @@ impl Controller<EtcdStore> {
                         tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: left to the agent (self-fence) and the peers");
                         continue;
                     }
-                    let instance = ev
-                        .prev_kv()
-                        .map(|p| String::from_utf8_lossy(p.value()).into_owned())
-                        .unwrap_or_default();
+                    // Anyone with write access to etcd may have put anything there:
+                    // an id outside the rule is fenced as "instance unknown".
+                    let instance = match ev.prev_kv().map(|p| crate::instance::from_etcd(p.value()))
+                    {
+                        Some(Ok(i)) => i,
+                        Some(Err(e)) => {
+                            tracing::warn!(step = "watch_delete", node = %node, error = %e, "membership value is not an instance id: fencing with the instance unknown");
+                            String::new()
+                        }
+                        None => String::new(),
+                    };
                     let deleted_rev = kv.mod_revision();
                     tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = deleted_rev, "membership DELETE");
                     let this = self.clone();
@@ -420,6 +427,7 @@ impl<S: FenceStore> Controller<S> {
         trigger: Trigger,
         guard: ClaimGuard,
     ) -> FenceState {
+        let victim = checked_instance(victim);
         let scope = victim.clone();
         fault_scope(
             &self.cfg.id,
@@ -496,14 +504,14 @@ impl<S: FenceStore> Controller<S> {
                         let json = serde_json::to_string(&*audit).unwrap_or_default();
                         let r = self
                             .store
-                            .finish(
-                                &victim.node,
+                            .finish(Finish {
+                                node: &victim.node,
                                 from,
                                 generation_rev,
                                 claim_rev,
-                                release_arenas.then_some(arenas.as_slice()),
-                                json,
-                            )
+                                release: release_arenas.then_some(arenas.as_slice()),
+                                audit_json: json,
+                            })
                             .await;
                         if lose {
                             return r.and_then(|_| Err(answer_lost("finish")));
@@ -548,13 +556,13 @@ impl<S: FenceStore> Controller<S> {
                         let lose = fault(FenceStep::ReleaseClaim).await.map_err(fault_error)?;
                         let r = self
                             .store
-                            .abort(
-                                &victim.node,
+                            .abort(Abort {
+                                node: &victim.node,
                                 claim_rev,
-                                audit.generation_before,
-                                audit.unix_ms,
-                                json,
-                            )
+                                generation: audit.generation_before,
+                                unix_ms: audit.unix_ms,
+                                audit_json: json,
+                            })
                             .await;
                         if lose {
                             return r.and_then(|()| Err(answer_lost("abort")));
@@ -594,6 +602,20 @@ impl<S: FenceStore> Controller<S> {
     }
 }
 
+/// A victim's instance id came from etcd (a membership value, an intent, `instance/`),
+/// where anyone with write access may have put anything: one outside the rule
+/// ([`crate::instance`]) is fenced as "instance unknown" and never reaches a fencer,
+/// an audit record or a log line raw.
+fn checked_instance(mut victim: Victim) -> Victim {
+    if !victim.instance.is_empty() {
+        if let Err(e) = crate::instance::check_instance_id(&victim.instance) {
+            tracing::warn!(node = %victim.node, error = %e, "instance id read from etcd refused: fencing with the instance unknown");
+            victim.instance.clear();
+        }
+    }
+    victim
+}
+
 /// The controller's decisions against the in-memory store: logic only (the protocol on
 /// a real etcd is `tests/fencing.rs`, `tests/failpoints.rs`, `tests/fault_schedules.rs`).
 #[cfg(test)]
@@ -613,6 +635,8 @@ mod tests {
         answers: Mutex<VecDeque<Result<(), FenceStep>>>,
         calls: AtomicU64,
         during: Option<Box<dyn Fn() + Send + Sync>>,
+        /// The instance id of each victim handed to the fencer.
+        instances: Mutex<Vec<String>>,
     }
 
     impl std::fmt::Debug for Scripted {
@@ -641,6 +665,7 @@ mod tests {
             victim: &'a Victim,
         ) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
             self.calls.fetch_add(1, Ordering::SeqCst);
+            self.instances.lock().unwrap().push(victim.instance.clone());
             if let Some(f) = &self.during {
                 f();
             }
@@ -707,6 +732,23 @@ mod tests {
         assert_eq!((fencer.calls(), store.generation(&n("n1"))), (1, 1));
         assert_eq!(c.stats().fenced.load(Ordering::SeqCst), 1);
         assert_eq!(c.stats().skipped.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn an_instance_id_outside_the_rule_never_reaches_the_fencer() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        let deleted_rev = dead(&store, "n1");
+        let crafted = Victim {
+            node: n("n1"),
+            instance: "i-1\n2026-01-01T00:00:00Z INFO forged".into(),
+        };
+        let state = c
+            .fence(crafted, Trigger::Watch, ClaimGuard::Watch { deleted_rev })
+            .await;
+        assert_eq!(state, FenceState::Fenced { generation: 1 });
+        assert_eq!(*fencer.instances.lock().unwrap(), [String::new()]);
     }
 
     #[tokio::test]

@@ -1,7 +1,7 @@
 //! `fenced run`: connect to etcd (retrying), open the device, pick the fencer, start
 //! the node agent and the controller, and map how the agent ended to an exit code.
 
-use std::io::IsTerminal;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -13,7 +13,8 @@ use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
 use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
-use crate::config::{EbsSettings, EtcdSettings, FencerKind, Role, Settings};
+use crate::config::{EtcdSettings, FencerKind, Role, Settings, file_kind};
+use crate::control::{ControlError, ControlSocket, Outcome, PidFile};
 
 /// Exit code of a daemon that self-fenced.
 pub const EXIT_SELF_FENCED: u8 = 3;
@@ -59,7 +60,7 @@ pub enum ConnectError {
 pub enum DaemonError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
-    #[error("cannot open {}: {source}", path.display())]
+    #[error("{}", open_message(path, source))]
     OpenDevice {
         path: PathBuf,
         #[source]
@@ -86,37 +87,32 @@ pub enum DaemonError {
         source: StoreError,
     },
     #[cfg(feature = "ebs")]
-    #[error("cannot set up the EBS fencer: {source}")]
+    #[error("{source}")]
     Ebs {
         #[source]
-        source: fenced::ebs::EbsError,
+        source: fenced::ebs::JoinError,
     },
     #[error("{source}")]
     Agent {
         #[source]
         source: AgentError,
     },
-    #[error("cannot write pid file {}: {source}", path.display())]
-    PidFile {
-        path: PathBuf,
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    /// The instance id the host reports does not satisfy the rule.
+    #[error("this host's instance id cannot be used: {source}; set --instance-id")]
+    HostInstanceId {
+        #[source]
+        source: fenced::instance::InvalidInstanceId,
+    },
+    #[error("cannot use watchdog {}: {why}", path.display())]
+    Watchdog { path: PathBuf, why: String },
+    #[error("cannot install the {signal} handler: {source}")]
+    Signal {
+        signal: &'static str,
         #[source]
         source: std::io::Error,
     },
-}
-
-/// Logging of `run`: `FENCED_LOG` (default `info`), text or JSON lines, on stderr.
-pub fn init_logging(json: bool) {
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG").unwrap_or_else(|_| "info".into());
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr);
-    if json {
-        b.json().init();
-    } else {
-        b.init();
-    }
 }
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
@@ -138,7 +134,27 @@ pub async fn connect(
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
     for attempt in 1.. {
-        match EtcdStore::connect_with(&etcd.endpoints, &etcd.root, claim_ttl, opts).await {
+        let attempt_fut = EtcdStore::connect_with(&etcd.endpoints, &etcd.root, claim_ttl, opts);
+        // A member that accepts TCP and never answers would hold one attempt for the
+        // client's own timeouts: bound it by what is left of the wait.
+        let result = match give_up {
+            Some(g) => {
+                let left = g
+                    .saturating_sub(t0.elapsed())
+                    .max(Duration::from_millis(200));
+                match tokio::time::timeout(left, attempt_fut).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Unavailable {
+                        op: "connect",
+                        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                            format!("no answer within {:.1}s", left.as_secs_f32()),
+                        )),
+                    }),
+                }
+            }
+            None => attempt_fut.await,
+        };
+        match result {
             Ok(s) => {
                 if attempt > 1 {
                     tracing::info!(step = "connect", endpoints = %eps, attempt, waited_s = t0.elapsed().as_secs(), "etcd at {eps} answers; starting");
@@ -189,6 +205,17 @@ pub async fn connect(
     unreachable!("the loop returns")
 }
 
+/// "cannot open <path>: <why>", without repeating the device error's own "cannot
+/// open <path>" (its OS cause follows as the error's source).
+fn open_message(path: &Path, source: &nvme_resv::Error) -> String {
+    let inner = source.to_string();
+    if inner.starts_with("cannot open") {
+        inner
+    } else {
+        format!("cannot open {}: {inner}", path.display())
+    }
+}
+
 /// Opens the shared namespace and checks that it supports reservations (also used by
 /// `fenced attest --block-device`).
 pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
@@ -210,57 +237,123 @@ pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
     Ok(Arc::new(ns))
 }
 
-/// The daemon's fencer: NVMe, EBS alone, NVMe then EBS (fencing levels: EBS only when
-/// the NVMe fence cannot be confirmed), or single-signal. See docs/ebs.md.
-/// [`Settings::resolve`] already refused the combinations that cannot work.
+/// With `--ebs-volume-id`: the EBS fencer, and the instance id to join with, checked
+/// against the volume's attachments (`fenced::ebs::JoinError`: a wrong id is refused
+/// here, before anything is written). Without: the configured or host instance id.
 #[cfg(feature = "ebs")]
-async fn with_ebs(
-    nvme: Option<Arc<dyn Fencer>>,
-    ebs: &EbsSettings,
-    claim_ttl: Duration,
-) -> Result<Arc<dyn Fencer>, DaemonError> {
-    let Some(volume_id) = &ebs.volume_id else {
-        return Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)));
+async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonError> {
+    let Some(volume_id) = &s.ebs.volume_id else {
+        return Ok((
+            s.instance_id.clone().unwrap_or_else(local_instance_id),
+            None,
+        ));
     };
     let mut cfg = fenced::ebs::EbsConfig::new(volume_id.clone());
-    cfg.region.clone_from(&ebs.region);
-    cfg.endpoint_url.clone_from(&ebs.endpoint_url);
-    let ebs: Arc<dyn Fencer> = Arc::new(
-        fenced::ebs::EbsFencer::connect(&cfg, claim_ttl)
+    cfg.region.clone_from(&s.ebs.region);
+    cfg.endpoint_url.clone_from(&s.ebs.endpoint_url);
+    let (fencer, instance) =
+        fenced::ebs::connect_and_check(&cfg, s.instance_id.as_deref(), s.claim_ttl)
             .await
-            .map_err(|source| DaemonError::Ebs { source })?,
-    );
-    Ok(match nvme {
+            .map_err(|source| DaemonError::Ebs { source })?;
+    Ok((instance, Some(fencer)))
+}
+
+#[cfg(not(feature = "ebs"))]
+#[allow(clippy::unused_async)]
+async fn ebs_join(s: &Settings) -> Result<(String, Option<EbsLevel>), DaemonError> {
+    // [`Settings::resolve`] refused EBS settings in this build.
+    debug_assert!(s.ebs.volume_id.is_none());
+    Ok((
+        s.instance_id.clone().unwrap_or_else(local_instance_id),
+        None,
+    ))
+}
+
+#[cfg(feature = "ebs")]
+type EbsLevel = fenced::ebs::EbsFencer;
+#[cfg(not(feature = "ebs"))]
+type EbsLevel = std::convert::Infallible;
+
+/// The daemon's fencer: NVMe, EBS alone, NVMe then EBS (fencing levels: EBS only when
+/// the NVMe fence cannot be confirmed), or single-signal. See docs/ebs.md. The EBS
+/// fencer learns the other nodes' instance ids from `store`.
+/// [`Settings::resolve`] already refused the combinations that cannot work.
+#[cfg(feature = "ebs")]
+fn with_ebs(
+    nvme: Option<Arc<dyn Fencer>>,
+    ebs: Option<EbsLevel>,
+    store: &EtcdStore,
+) -> Arc<dyn Fencer> {
+    let Some(ebs) = ebs else {
+        return nvme.unwrap_or_else(|| Arc::new(NoneFencer));
+    };
+    let ebs: Arc<dyn Fencer> = Arc::new(ebs.with_known_instances(Arc::new(store.clone())));
+    match nvme {
         Some(nvme) => Arc::new(fenced::ebs::FencingLevels::new(vec![nvme, ebs])),
         None => ebs,
-    })
+    }
 }
 
 /// Without the `ebs` feature: NVMe or single-signal ([`Settings::resolve`] refused
 /// EBS settings).
 #[cfg(not(feature = "ebs"))]
-#[allow(clippy::unused_async)]
-async fn with_ebs(
+fn with_ebs(
     nvme: Option<Arc<dyn Fencer>>,
-    _ebs: &EbsSettings,
-    _claim_ttl: Duration,
-) -> Result<Arc<dyn Fencer>, DaemonError> {
-    Ok(nvme.unwrap_or_else(|| Arc::new(NoneFencer)))
+    _ebs: Option<EbsLevel>,
+    _store: &EtcdStore,
+) -> Arc<dyn Fencer> {
+    nvme.unwrap_or_else(|| Arc::new(NoneFencer))
 }
 
-fn write_pid_file(path: Option<&Path>) -> Result<(), DaemonError> {
-    let Some(p) = path else { return Ok(()) };
-    std::fs::write(p, format!("{}\n", std::process::id())).map_err(|source| DaemonError::PidFile {
-        path: p.to_owned(),
-        source,
+/// A watchdog is a character device (or a regular file standing in for one, as in
+/// tests: it is warned about). It is opened, and so armed, only by the agent; a FIFO
+/// would block that open and a directory cannot be written, so both are refused here,
+/// before anything touches etcd.
+fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
+    let why = match std::fs::metadata(path) {
+        Err(e) => e.to_string(),
+        Ok(m) if m.file_type().is_char_device() => return Ok(()),
+        Ok(m) if m.file_type().is_file() => {
+            tracing::warn!(path = %path.display(), "--watchdog-device is a regular file, not a watchdog device: nothing reboots this host if the daemon hangs");
+            return Ok(());
+        }
+        Ok(m) => format!(
+            "it is a {}, not a watchdog character device",
+            file_kind(m.file_type())
+        ),
+    };
+    Err(DaemonError::Watchdog {
+        path: path.to_owned(),
+        why: format!("{why}; check --watchdog-device"),
     })
 }
 
-/// Runs the daemon until it leaves (SIGTERM, SIGINT) or self-fences. `--role`:
-/// agent only (fences no one), controller only (joins nothing; runs until signalled),
-/// or both.
+/// Runs the daemon until it leaves (SIGTERM, SIGINT, `fenced leave`) or self-fences.
+///
+/// Order: everything that can be refused is checked or set up (instance id, watchdog,
+/// pid file, control socket, device, etcd connection, EBS client) before the first
+/// etcd write (`--seed-arenas`, then the join).
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
-    let instance = s.instance_id.clone().unwrap_or_else(local_instance_id);
+    use tokio::signal::unix::{SignalKind, signal};
+    if s.instance_id.is_none() {
+        fenced::instance::check_instance_id(&local_instance_id())
+            .map_err(|source| DaemonError::HostInstanceId { source })?;
+    }
+    if let Some(w) = &s.watchdog_device {
+        check_watchdog(w)?;
+    }
+    let pid_file = match &s.pid_file {
+        Some(p) => Some(PidFile::create(p, s.control_socket.as_deref())?),
+        None => None,
+    };
+    let (leave_tx, mut leave_rx) = tokio::sync::mpsc::channel(4);
+    let control = match &s.control_socket {
+        Some(p) => Some(ControlSocket::bind(p, leave_tx)?),
+        None => None,
+    };
+    // With EBS: the instance id is checked against the volume's attachments (EC2 reads
+    // only), still before anything is written.
+    let (instance, ebs) = ebs_join(&s).await?;
     let device = match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
         // (gp3 and older io2 attachments have none).
@@ -272,7 +365,27 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     if let Some(t) = s.etcd_keepalive_timeout {
         store_opts.keepalive_timeout = t;
     }
-    let store = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout).await?;
+    // Waiting for etcd can take as long as etcd is away: a `fenced leave` meanwhile
+    // ends the wait (nothing was joined, nothing is left behind). SIGTERM still has its
+    // default action until the agent has joined.
+    let store = tokio::select! {
+        r = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout) => r?,
+        Some(()) = leave_rx.recv() => {
+            tracing::info!(step = "leave", "leave requested before joining: exiting");
+            if let Some(c) = &control {
+                c.answer(&Outcome::Left).await;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    };
+    let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
+        (FencerKind::Nvme, Some(d)) => {
+            Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
+        }
+        _ => None,
+    };
+    let fencer = with_ebs(nvme, ebs, &store);
+    // The first etcd write: everything above could still refuse without a trace.
     if let Some(arenas) = &s.seed_arenas {
         store
             .add_free_arenas(arenas)
@@ -280,43 +393,31 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .map_err(|source| DaemonError::SeedArenas { source })?;
     }
     let node = s.node;
+    let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
+    let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
+    let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
     let leave = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
-        let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
         tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
+            _ = term.recv() => tracing::info!(step = "leave", "SIGTERM: leaving"),
+            _ = int.recv() => tracing::info!(step = "leave", "SIGINT: leaving"),
+            Some(()) = leave_rx.recv() => {}
         }
     };
-    // The controller (roles controller and both): fences others.
-    let controller = match s.role {
-        Role::Agent => None,
-        Role::Controller | Role::Both => {
-            let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
-                (FencerKind::Nvme, Some(d)) => {
-                    Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
-                }
-                _ => None,
-            };
-            let fencer = with_ebs(nvme, &s.ebs, s.claim_ttl).await?;
-            let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
-            ccfg.sweep_interval = s.sweep;
-            ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
-            Some(Controller::new(store.clone(), fencer, ccfg))
-        }
-    };
+    // `--role`: the controller alone joins nothing and runs until told to stop; the
+    // agent alone fences no one.
+    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+    ccfg.sweep_interval = s.sweep;
+    ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
     if s.role == Role::Controller {
-        write_pid_file(s.pid_file.as_deref())?;
-        let task = controller.as_ref().map(Controller::spawn);
+        let controller = Controller::new(store, fencer, ccfg).spawn();
         tracing::info!(node = %node, instance = %instance, role = "controller", "fenced running (controller only)");
         leave.await;
-        if let Some(t) = task {
-            t.abort();
+        controller.abort();
+        if let Some(c) = &control {
+            c.answer(&Outcome::Left).await;
         }
-        if let Some(p) = &s.pid_file {
-            let _ = std::fs::remove_file(p);
-        }
+        drop(control);
+        drop(pid_file);
         return Ok(ExitCode::SUCCESS);
     }
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
@@ -327,24 +428,33 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let agent = Agent::start(store.clone(), cfg, device, own_key)
         .await
         .map_err(|source| DaemonError::Agent { source })?;
-    write_pid_file(s.pid_file.as_deref())?;
-    let controller = controller.as_ref().map(Controller::spawn);
+    let controller = (s.role == Role::Both).then(|| Controller::new(store, fencer, ccfg).spawn());
     tracing::info!(node = %node, instance = %instance, role = ?s.role, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let exit = agent.run(leave).await;
     if let Some(c) = controller {
         c.abort();
     }
-    if let Some(p) = &s.pid_file {
-        let _ = std::fs::remove_file(p);
+    let outcome = match &exit {
+        AgentExit::Left => Outcome::Left,
+        AgentExit::LeaveIncomplete { reason } => Outcome::Incomplete(reason.clone()),
+        AgentExit::SelfFenced { reason } => Outcome::SelfFenced(reason.clone()),
+    };
+    if let Some(c) = &control {
+        c.answer(&outcome).await;
     }
-    Ok(match exit {
-        AgentExit::Left => ExitCode::SUCCESS,
-        AgentExit::LeaveIncomplete { reason } => {
-            eprintln!("fenced: leave incomplete: {reason}");
+    drop(control);
+    drop(pid_file);
+    Ok(match outcome {
+        Outcome::Left => ExitCode::SUCCESS,
+        Outcome::Incomplete(reason) => {
+            eprintln!(
+                "fenced: leave incomplete: {}",
+                crate::logging::escape(&reason)
+            );
             ExitCode::from(EXIT_LEAVE_INCOMPLETE)
         }
-        AgentExit::SelfFenced { reason } => {
-            eprintln!("fenced: self-fenced: {reason}");
+        Outcome::SelfFenced(reason) => {
+            eprintln!("fenced: self-fenced: {}", crate::logging::escape(&reason));
             ExitCode::from(EXIT_SELF_FENCED)
         }
     })

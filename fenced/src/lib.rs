@@ -6,7 +6,7 @@
 //!   leave, for etcd and in memory (unit tests of their logic).
 //! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
-//! - [`node`]: validated node ids.
+//! - [`node`]: validated node ids; [`instance`]: the instance id rule.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
 //!   feature `ebs`, also reachable as `fenced::ebs`) EBS fencers.
 //! - [`fault`]: the `fence::<step>` fail points (cargo feature `failpoints`).
@@ -20,6 +20,7 @@ pub mod core;
 pub mod fault;
 pub mod fencer;
 pub mod guard;
+pub mod instance;
 pub mod keys;
 pub mod node;
 pub mod ports;

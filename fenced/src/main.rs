@@ -7,10 +7,11 @@
 //! is the protocol API other tools link against.
 
 mod config;
+mod control;
 mod daemon;
+mod logging;
 mod ops;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -44,9 +45,10 @@ enum Cmd {
     /// 3 UNKNOWN (owed fences older than a threshold, members missing, etcd endpoints
     /// out of rotation, malformed records).
     Check(ops::check::CheckArgs),
-    /// From this host: try one O_DIRECT write (blockio) on the shared device and,
-    /// optionally, one metadata transaction guarded by a node's generation. Prints one
-    /// line per probe; exit status 10 when anything was refused.
+    /// From this host: read one block of the shared device and write the same bytes
+    /// back with O_DIRECT (blockio), so the data is unchanged, and, optionally, one
+    /// metadata transaction guarded by a node's generation. Prints one line per probe;
+    /// exit status 10 when anything was refused.
     Probe(ops::probe::ProbeArgs),
     /// Operator-attested fence: you confirmed out of band that NODE is gone (powered
     /// off, detached); supply the second confirmation. Refused for a node that never
@@ -56,7 +58,8 @@ enum Cmd {
     /// fenced since its last membership is reported ("already fenced at generation
     /// G", exit 0) and not bumped again.
     Attest(ops::attest::AttestArgs),
-    /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart).
+    /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart)
+    /// over its control socket; no process is signalled.
     Leave(ops::leave::LeaveArgs),
     /// Print the etcd roles that confine each node to its own keys (one per node, a
     /// controller role, an operator role) as etcdctl commands; --apply creates them
@@ -89,7 +92,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
         }
         cause = c.source();
     }
-    line.replace('\n', " ")
+    logging::escape(&line)
 }
 
 async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
@@ -97,7 +100,7 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Run(args) => {
             let file = config::load_file(args.etcd.config.as_deref())?;
             let settings = Settings::resolve(&args, file)?;
-            daemon::init_logging(settings.log_json);
+            logging::init(settings.log_json, "info");
             daemon::run(settings).await?
         }
         Cmd::Status(args) => ops::status::status(args).await?,
@@ -128,16 +131,10 @@ fn main() -> ExitCode {
         }
     };
     if !matches!(cli.cmd, Cmd::Run(_)) {
-        // `run` sets up its own logging (text or JSON); the operator commands log
-        // warnings (e.g. waiting for etcd) to stderr.
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("FENCED_LOG")
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_ansi(std::io::stderr().is_terminal())
-            .with_writer(std::io::stderr)
-            .try_init();
+        // `run` sets up its own logging (text or JSON). The operator commands say what
+        // went wrong in their one error line; `FENCED_LOG=warn` shows more (each
+        // attempt to reach etcd, blockio's engine choice).
+        logging::init(false, "error");
     }
     match rt.block_on(dispatch(cli.cmd)) {
         Ok(code) => code,

@@ -14,9 +14,9 @@ pub mod mem;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SweepSnapshot, Victim};
+use crate::core::{BumpOutcome, ClaimOutcome, SweepSnapshot, Victim};
 use crate::node::NodeId;
-use crate::store::{ClaimGuard, ClaimRefusal, ClaimResult, EtcdStore, StoreError};
+use crate::store::{Abort, ClaimGuard, EtcdStore, Finish, StoreError};
 
 /// The store operations of the fence path (`claim` → Fencer → `finish` or `abort`) and
 /// of the sweep (`sweep_snapshot`, `drop_stale`). Every method is one etcd transaction
@@ -42,24 +42,12 @@ pub trait FenceStore: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// our claim.
     fn finish(
         &self,
-        node: &NodeId,
-        from: u64,
-        generation_rev: i64,
-        claim_rev: i64,
-        release: Option<&[String]>,
-        audit_json: String,
+        req: Finish<'_>,
     ) -> impl Future<Output = Result<BumpOutcome, StoreError>> + Send;
 
     /// A failed fence: release our claim (only ours) and write the attempt's audit
     /// record; the intent stays, the fence is still owed.
-    fn abort(
-        &self,
-        node: &NodeId,
-        claim_rev: i64,
-        generation: u64,
-        unix_ms: u64,
-        audit_json: String,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn abort(&self, req: Abort<'_>) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Drops the stale intent and fence mark of a live member (`true`: it was a member
     /// and they were dropped).
@@ -122,16 +110,6 @@ impl LeaveStore for EtcdStore {
     }
 }
 
-/// The store's refusal in the core's terms (one to one).
-fn refusal(r: ClaimRefusal) -> Refusal {
-    match r {
-        ClaimRefusal::Member => Refusal::Member,
-        ClaimRefusal::Departed { arenas } => Refusal::Departed { arenas },
-        ClaimRefusal::SnapshotAged => Refusal::SnapshotAged,
-        ClaimRefusal::AlreadyFenced => Refusal::AlreadyFenced,
-    }
-}
-
 impl FenceStore for EtcdStore {
     fn claim_ttl(&self) -> Duration {
         EtcdStore::claim_ttl(self)
@@ -147,44 +125,15 @@ impl FenceStore for EtcdStore {
         controller: &str,
         guard: ClaimGuard,
     ) -> Result<ClaimOutcome, StoreError> {
-        Ok(
-            match EtcdStore::claim(self, victim, controller, guard).await? {
-                ClaimResult::Outcome(o) => o,
-                ClaimResult::Refused(r) => ClaimOutcome::Refused(refusal(r)),
-            },
-        )
+        EtcdStore::claim(self, victim, controller, guard).await
     }
 
-    async fn finish(
-        &self,
-        node: &NodeId,
-        from: u64,
-        generation_rev: i64,
-        claim_rev: i64,
-        release: Option<&[String]>,
-        audit_json: String,
-    ) -> Result<BumpOutcome, StoreError> {
-        EtcdStore::finish(
-            self,
-            node,
-            from,
-            generation_rev,
-            claim_rev,
-            release,
-            audit_json,
-        )
-        .await
+    async fn finish(&self, req: Finish<'_>) -> Result<BumpOutcome, StoreError> {
+        EtcdStore::finish(self, req).await
     }
 
-    async fn abort(
-        &self,
-        node: &NodeId,
-        claim_rev: i64,
-        generation: u64,
-        unix_ms: u64,
-        audit_json: String,
-    ) -> Result<(), StoreError> {
-        EtcdStore::abort(self, node, claim_rev, generation, unix_ms, audit_json).await
+    async fn abort(&self, req: Abort<'_>) -> Result<(), StoreError> {
+        EtcdStore::abort(self, req).await
     }
 
     async fn drop_stale(&self, node: &NodeId) -> Result<bool, StoreError> {

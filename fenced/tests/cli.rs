@@ -228,7 +228,8 @@ fn daemons_fence_a_killed_peer_and_not_one_that_left() {
         .collect();
     assert!(owed.is_empty(), "{s}");
     assert_eq!(s["audit_records"], 1);
-    // `fenced leave` for n3: SIGTERM, quiesce, depart; exit 0; never fenced.
+    // `fenced leave` for n3: over the control socket its pid file names; quiesce,
+    // depart; exit 0; never fenced.
     let o = fenced()
         .args(["leave", "--pid-file"])
         .arg(dir.path().join("n3.pid"))

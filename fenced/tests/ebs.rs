@@ -14,11 +14,13 @@ use aws_credential_types::provider::{ProvideCredentials, future};
 use fenced::agent::Agent;
 use fenced::controller::Controller;
 use fenced::core::Victim;
-use fenced::ebs::{EbsConfig, EbsError, EbsFencer, Ec2ErrorKind, Ec2Op, PollLimits};
+use fenced::ebs::{
+    EbsConfig, EbsError, EbsFencer, Ec2ErrorKind, Ec2Op, PollLimits, StaticInstances,
+};
 use fenced::fencer::{FenceCause, Fencer};
 use fenced::node::NodeId;
 
-use ebs_peer::{Moto, Proxy};
+use ebs_peer::{Corrupt, Moto, Proxy};
 
 const CLAIM_TTL: Duration = Duration::from_secs(120);
 
@@ -140,7 +142,13 @@ async fn unknown_instance_is_severed_only_by_describe() {
     let survivor = ebs_peer::run_instance(&ec2).await;
     let vol = ebs_peer::create_volume(&ec2).await;
     ebs_peer::attach(&ec2, &vol, &survivor).await;
-    let f = fencer(&moto.url(), &vol, PollLimits::default()).await;
+    let f = fencer(&moto.url(), &vol, PollLimits::default())
+        .await
+        // The survivor is another node's instance.
+        .with_known_instances(Arc::new(StaticInstances(vec![(
+            "n2".to_owned(),
+            survivor.clone(),
+        )])));
     // A terminated (unknown) instance has no attachment: severed, and the survivor's
     // attachment is untouched.
     let c = f
@@ -159,6 +167,78 @@ async fn unknown_instance_is_severed_only_by_describe() {
         c.evidence
     );
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![survivor]);
+}
+
+/// A wrong (well-formed) instance id for the victim: EC2 answers
+/// `InvalidInstanceID.NotFound`, and the volume is attached to the victim's real
+/// instance, which no other node is recorded on. Its absence from the attachment list
+/// is no evidence: not severed, and nothing is detached.
+#[tokio::test]
+async fn a_wrong_instance_id_is_not_severed() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let (real, vol) = ebs_peer::attached_volume(&ec2).await;
+    let peer = ebs_peer::run_instance(&ec2).await;
+    for known in [vec![], vec![("n2".to_owned(), peer.clone())]] {
+        let f = fencer(&moto.url(), &vol, PollLimits::default())
+            .await
+            .with_known_instances(Arc::new(StaticInstances(known)));
+        let e = f.sever(&victim("i-0123456789abcdef0")).await.unwrap_err();
+        match &e {
+            EbsError::UnknownAttachment(u) => assert_eq!(u.others, vec![real.clone()]),
+            other => panic!("expected UnknownAttachment, got {other:?}"),
+        }
+        assert!(e.to_string().contains("may be wrong"), "{e}");
+        assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![real.clone()]);
+    }
+}
+
+/// Damaged answers are never evidence: a `DescribeVolumes` answer without its
+/// `attachmentSet`, or cut short, and a `DetachVolume` answered
+/// `InvalidInstanceID.NotFound` for an instance that is attached, leave the fence
+/// unconfirmed (retried until the deadline, then owed).
+#[tokio::test]
+async fn damaged_answers_never_confirm() {
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    for corrupt in [
+        Corrupt::DropAttachmentSet,
+        Corrupt::Truncate,
+        Corrupt::InstanceNotFound,
+    ] {
+        let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
+        let proxy = Proxy::start(moto.addr).await;
+        proxy.set_corrupt(corrupt);
+        let f = fencer(&proxy.url(), &vol, limits(Duration::from_secs(2))).await;
+        let e = f.sever(&victim(&inst)).await.unwrap_err();
+        eprintln!("{corrupt:?}: {e}");
+        let EbsError::Unconfirmed {
+            last_error,
+            last_state,
+            ..
+        } = &e
+        else {
+            panic!("{corrupt:?}: expected Unconfirmed, got {e:?}");
+        };
+        if corrupt == Corrupt::InstanceNotFound {
+            // Not forwarded: the attachment is intact and DescribeVolumes says so.
+            assert_eq!(last_state.as_deref(), Some("attached"), "{e}");
+            assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![inst.clone()]);
+        } else {
+            let last = last_error.as_ref().expect("the malformed answer");
+            assert!(
+                last.message
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("malformed answer"),
+                "{corrupt:?}: {e}"
+            );
+        }
+        assert!(proxy.describes() >= 2, "{corrupt:?}: retried");
+        // The same fence through an undamaged proxy is confirmed.
+        proxy.set_corrupt(Corrupt::Nothing);
+        assert!(f.sever(&victim(&inst)).await.expect("undamaged").severed);
+    }
 }
 
 #[tokio::test]
@@ -356,7 +436,9 @@ async fn ebs_controller(
 ) -> (Arc<Controller>, tokio::task::JoinHandle<()>) {
     let cfg = config(url, vol, ebs_limits_for_tests());
     let sdk = ebs_peer::sdk_config(&cfg).await;
-    let f = EbsFencer::from_sdk_config(&cfg, &sdk, common::CLAIM_TTL).expect("ebs fencer");
+    let f = EbsFencer::from_sdk_config(&cfg, &sdk, common::CLAIM_TTL)
+        .expect("ebs fencer")
+        .with_known_instances(Arc::new(cluster.store().await));
     cluster
         .controller(Arc::new(f), cluster.controller_cfg("n2"))
         .await
@@ -509,6 +591,102 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     task.abort();
 }
 
+/// Through the controller, with real etcd: a `DescribeVolumes` answer without its
+/// `attachmentSet` (the detach itself went through) is not a confirmation: no bump, the
+/// intent stays owed, the audit records the failed attempt; once the answers are whole
+/// again the sweep completes the fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
+    let cluster = common::Cluster::new();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let (i1, vol) = ebs_peer::attached_volume(&ec2).await;
+    let proxy = Proxy::start(moto.addr).await;
+    proxy.set_corrupt(Corrupt::DropAttachmentSet);
+    let store = cluster.store().await;
+    let a1 = ebs_agent(&cluster, "n1", &i1).await;
+    let (ctl, task) = ebs_controller(&cluster, &proxy.url(), &vol).await;
+    a1.kill();
+    common::wait_until(
+        "a failed EBS fence attempt",
+        Duration::from_secs(30),
+        || {
+            let failed = ctl.stats().failed.load(Ordering::Relaxed);
+            async move { failed >= 1 }
+        },
+    )
+    .await;
+    let n1 = common::node("n1");
+    assert_eq!(common::generation(&store, "n1").await, 0);
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert_eq!(
+        snap.pending.get(&n1).map(|p| p.0.as_str()),
+        Some(i1.as_str())
+    );
+    let audit = store.audit_records(&n1).await.unwrap();
+    assert!(
+        audit.iter().any(|r| {
+            let r = r["fencer_result"].to_string();
+            r.contains("not confirmed") && r.contains("attachmentSet")
+        }),
+        "{audit:?}"
+    );
+    assert!(
+        audit.iter().all(|r| r["fencer_result"] != "confirmed"),
+        "{audit:?}"
+    );
+
+    proxy.set_corrupt(Corrupt::Nothing);
+    common::wait_until("the sweep fences n1", Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { common::generation(&store, "n1").await == 1 }
+    })
+    .await;
+    assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
+    task.abort();
+}
+
+/// Through the controller: a node registered with a wrong instance id (an agent started
+/// without the daemon's join check, as a node without `--ebs-volume-id` or an older
+/// daemon would) is not "fenced" by a detach that EC2 answers
+/// `InvalidInstanceID.NotFound`: its real instance stays attached, so the fence stays
+/// owed and the audit records why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_registered_with_a_wrong_instance_id_stays_owed() {
+    let cluster = common::Cluster::new();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let (real, vol) = ebs_peer::attached_volume(&ec2).await;
+    let wrong = "i-0123456789abcdef0";
+    let store = cluster.store().await;
+    let a1 = ebs_agent(&cluster, "n1", wrong).await;
+    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
+    a1.kill();
+    common::wait_until(
+        "a failed EBS fence attempt",
+        Duration::from_secs(30),
+        || {
+            let failed = ctl.stats().failed.load(Ordering::Relaxed);
+            async move { failed >= 1 }
+        },
+    )
+    .await;
+    let n1 = common::node("n1");
+    assert_eq!(common::generation(&store, "n1").await, 0);
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert_eq!(snap.pending.get(&n1).map(|p| p.0.as_str()), Some(wrong));
+    let audit = store.audit_records(&n1).await.unwrap();
+    assert!(
+        audit.iter().any(|r| {
+            let r = r["fencer_result"].to_string();
+            r.contains("not confirmed") && r.contains(real.as_str())
+        }),
+        "{audit:?}"
+    );
+    assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![real]);
+    task.abort();
+}
+
 // The `fenced` binary itself: two daemons configured with `--ebs-volume-id` (EBS alone,
 // as on gp3: no --block-device), a SIGKILLed one fenced by the other through moto.
 
@@ -569,9 +747,9 @@ fn ebs_daemon(
     )
 }
 
-fn cli_status(etcd: &common::etcd::Etcd) -> serde_json::Value {
+fn cli_status(etcd: &common::etcd::Etcd, root: &str) -> serde_json::Value {
     let o = fenced_bin()
-        .args(["status", "-o", "json", "--root", "/ebs-cli"])
+        .args(["status", "-o", "json", "--root", root])
         .args(["--etcd-endpoints", &etcd.endpoint()])
         .output()
         .unwrap();
@@ -590,7 +768,8 @@ fn cli_members(s: &serde_json::Value) -> usize {
         .map_or(0, |n| n.values().filter(|r| r["member"] == true).count())
 }
 
-#[tokio::test]
+// Multi-threaded: the proxy's tasks run while this thread blocks on the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn daemons_fence_a_killed_peer_by_ebs_detach() {
     let etcd = common::etcd::Etcd::start();
     let moto = Moto::shared();
@@ -599,13 +778,17 @@ async fn daemons_fence_a_killed_peer_by_ebs_detach() {
     let i2 = ebs_peer::run_instance(&ec2).await;
     let vol = ebs_peer::create_volume(&ec2).await;
     ebs_peer::attach(&ec2, &vol, &i1).await;
+    // Each daemon checks at start that the volume is attached to its instance: i2 is a
+    // second (Multi-Attach) attachment, which moto lacks and the proxy adds.
+    let proxy = Proxy::start(moto.addr).await;
+    proxy.add_attachment(&vol, &i2);
     let dir = tempfile::tempdir().unwrap();
-    let mut d1 = ebs_daemon(&etcd, "n1", &i1, &vol, &moto.url(), dir.path());
-    let _d2 = ebs_daemon(&etcd, "n2", &i2, &vol, &moto.url(), dir.path());
+    let mut d1 = ebs_daemon(&etcd, "n1", &i1, &vol, &proxy.url(), dir.path());
+    let _d2 = ebs_daemon(&etcd, "n2", &i2, &vol, &proxy.url(), dir.path());
     let wait = |what: &str, f: &dyn Fn(&serde_json::Value) -> bool| {
         let t0 = Instant::now();
         loop {
-            let s = cli_status(&etcd);
+            let s = cli_status(&etcd, "/ebs-cli");
             if f(&s) {
                 return s;
             }
@@ -631,4 +814,135 @@ async fn daemons_fence_a_killed_peer_by_ebs_detach() {
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     let log = std::fs::read_to_string(dir.path().join("n2.log")).unwrap();
     assert!(log.contains("DescribeVolumes lists no attachment"), "{log}");
+}
+
+/// `fenced run` with the EBS fencer, refused at start with one clear line and nothing
+/// written to etcd: an instance the volume is not attached to (an existing instance, an
+/// unknown one), an id not in EC2 form (configured, or from IMDS), an `--instance-id`
+/// that IMDS contradicts, a plain-http endpoint off this host (flag or
+/// `AWS_ENDPOINT_URL`).
+// Multi-threaded: the proxy's tasks run while this thread waits for the daemon.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_start_is_refused_for_a_wrong_instance_or_a_clear_text_endpoint() {
+    let etcd = common::etcd::Etcd::start();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let (i1, vol) = ebs_peer::attached_volume(&ec2).await;
+    let other = ebs_peer::run_instance(&ec2).await;
+    let url = moto.url();
+    let imds = Proxy::start(moto.addr).await;
+    let imds_url = imds.url();
+    let run = |case: &Case<'_>| {
+        let mut c = fenced_bin();
+        c.args(["run", "--node-id", "n1", "--root", "/ebs-join"])
+            .args(["--etcd-endpoints", &etcd.endpoint()])
+            .args(["--ebs-volume-id", &vol, "--ebs-region", "us-east-1"])
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env_remove("AWS_PROFILE")
+            .env_remove("AWS_ENDPOINT_URL")
+            .stdin(std::process::Stdio::null());
+        if let Some(i) = case.instance {
+            c.args(["--instance-id", i]);
+        }
+        if let Some(u) = case.url {
+            c.args(["--ebs-endpoint-url", u]);
+        }
+        if let Some(u) = case.env_url {
+            c.env("AWS_ENDPOINT_URL", u);
+        }
+        if case.imds {
+            // moto also serves IMDSv2 (token, then meta-data; through the proxy, which
+            // completes its token answer); its instance id is `i-fake`, not an EC2 id.
+            c.env_remove("AWS_EC2_METADATA_DISABLED")
+                .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds_url);
+        } else {
+            c.env("AWS_EC2_METADATA_DISABLED", "true");
+        }
+        // Bounded: a daemon that was not refused would run on (and is killed).
+        let t = Instant::now();
+        let mut child = c
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        while child.try_wait().unwrap().is_none() {
+            if t.elapsed() > Duration::from_secs(30) {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let o = child.wait_with_output().unwrap();
+        (o, t.elapsed())
+    };
+    struct Case<'a> {
+        what: &'a str,
+        instance: Option<&'a str>,
+        url: Option<&'a str>,
+        env_url: Option<&'a str>,
+        imds: bool,
+        want: &'a str,
+    }
+    let case = |what, instance, want| Case {
+        what,
+        instance,
+        url: Some(&url),
+        env_url: None,
+        imds: false,
+        want,
+    };
+    let not_attached = "is not attached to this instance";
+    let cases = [
+        case("attached elsewhere", Some(&other), not_attached),
+        case(
+            "unknown instance",
+            Some("i-0123456789abcdef0"),
+            not_attached,
+        ),
+        case("not an EC2 id", Some("i-typo"), "is not an EC2 instance id"),
+        Case {
+            imds: true,
+            ..case(
+                "IMDS disagrees with --instance-id",
+                Some(&i1),
+                "but the instance metadata service says this instance is \"i-fake\"",
+            )
+        },
+        Case {
+            imds: true,
+            ..case(
+                "IMDS answers an id not in EC2 form",
+                None,
+                "\"i-fake\" (from the instance metadata service) is not an EC2 instance id",
+            )
+        },
+        Case {
+            url: Some("http://ec2.us-east-1.amazonaws.com"),
+            ..case("http flag off loopback", Some(&i1), "clear text")
+        },
+        Case {
+            url: None,
+            env_url: Some("http://10.1.2.3:80"),
+            ..case("AWS_ENDPOINT_URL off loopback", Some(&i1), "clear text")
+        },
+    ];
+    for c in &cases {
+        let what = c.what;
+        let (o, took) = run(c);
+        let err = String::from_utf8_lossy(&o.stderr);
+        eprintln!("{what}: {:?} in {took:?}: {err}", o.status.code());
+        assert!(took < Duration::from_secs(30), "{what}: not refused: {err}");
+        assert!(!o.status.success(), "{what}: started");
+        assert_eq!(o.status.code(), Some(1), "{what}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("fenced: ")).collect();
+        assert_eq!(lines.len(), 1, "{what}: {err}");
+        assert!(lines[0].contains(c.want), "{what}: {err}");
+        // Nothing was written to etcd: its revision is still the empty store's.
+        let s = cli_status(&etcd, "/ebs-join");
+        assert_eq!(s["nodes"], serde_json::json!({}), "{what}: {s}");
+        assert_eq!(s["revision"], 1, "{what}: {s}");
+    }
+    // The volume's attachments are untouched.
+    assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![i1]);
 }

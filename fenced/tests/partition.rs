@@ -670,11 +670,15 @@ async fn departure_after_expiry_is_refused_when_the_link_returns() {
     );
     assert_self_fence_line(&s.p);
     assert_watchdog_left_armed(&s.p, pets);
+    // `fenced leave` reports what the daemon answered on its control socket: it
+    // self-fenced instead of leaving.
     let out = leave.wait_with_output().expect("fenced leave");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "fenced leave: {err}");
     assert!(
-        out.status.success(),
-        "fenced leave: {}",
-        String::from_utf8_lossy(&out.stderr)
+        err.starts_with("fenced: the daemon self-fenced instead of leaving: ")
+            && err.lines().count() == 1,
+        "fenced leave: {err}"
     );
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_fenced_once(&s, g0).await;

@@ -55,6 +55,7 @@ mod error;
 pub mod model;
 pub mod namespace;
 pub mod node;
+mod passthru;
 pub mod raw;
 pub mod report;
 pub mod status;

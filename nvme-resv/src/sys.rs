@@ -5,7 +5,7 @@
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
-use crate::raw::{Command, Data, Queue, Reply};
+use crate::passthru::{Command, Data, Queue, Reply};
 use crate::status::{Completion, decode_return};
 
 /// `struct nvme_passthru_cmd` (also `struct nvme_admin_cmd`).
@@ -32,39 +32,10 @@ pub(crate) struct NvmePassthruCmd {
     pub result: u32,
 }
 
-/// `struct nvme_passthru_cmd64` (64-bit result; for `NVME_IOCTL_*64_CMD`). Not used
-/// by the reservation commands, whose result fits 32 bits; kept so its layout and
-/// ioctl numbers are pinned next to the 32-bit ones.
-#[repr(C)]
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct NvmePassthruCmd64 {
-    pub opcode: u8,
-    pub flags: u8,
-    pub rsvd1: u16,
-    pub nsid: u32,
-    pub cdw2: u32,
-    pub cdw3: u32,
-    pub metadata: u64,
-    pub addr: u64,
-    pub metadata_len: u32,
-    pub data_len: u32,
-    pub cdw10: u32,
-    pub cdw11: u32,
-    pub cdw12: u32,
-    pub cdw13: u32,
-    pub cdw14: u32,
-    pub cdw15: u32,
-    pub timeout_ms: u32,
-    pub rsvd2: u32,
-    pub result: u64,
-}
-
 const _: () = assert!(size_of::<NvmePassthruCmd>() == 72);
-const _: () = assert!(size_of::<NvmePassthruCmd64>() == 80);
 const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd, addr) == 24);
 const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd, cdw10) == 40);
 const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd, result) == 68);
-const _: () = assert!(std::mem::offset_of!(NvmePassthruCmd64, result) == 72);
 
 // asm-generic/ioctl.h encoding: nr 7:0, type 15:8, size 29:16, dir 31:30.
 const IOC_NONE: u32 = 0;
@@ -98,12 +69,6 @@ pub(crate) const NVME_IOCTL_ID: u32 = io(b'N', 0x40);
 pub(crate) const NVME_IOCTL_ADMIN_CMD: u32 = iowr::<NvmePassthruCmd>(b'N', 0x41);
 /// `_IOWR('N', 0x43, struct nvme_passthru_cmd)`.
 pub(crate) const NVME_IOCTL_IO_CMD: u32 = iowr::<NvmePassthruCmd>(b'N', 0x43);
-/// `_IOWR('N', 0x47, struct nvme_passthru_cmd64)`.
-#[allow(dead_code)]
-pub(crate) const NVME_IOCTL_ADMIN64_CMD: u32 = iowr::<NvmePassthruCmd64>(b'N', 0x47);
-/// `_IOWR('N', 0x48, struct nvme_passthru_cmd64)`.
-#[allow(dead_code)]
-pub(crate) const NVME_IOCTL_IO64_CMD: u32 = iowr::<NvmePassthruCmd64>(b'N', 0x48);
 
 /// Issues the raw passthrough ioctl `req` with `cmd`; returns the ioctl's return value
 /// (negative: see errno).
@@ -190,8 +155,6 @@ mod tests {
         assert_eq!(NVME_IOCTL_ID, 0x4e40);
         assert_eq!(NVME_IOCTL_ADMIN_CMD, 0xc048_4e41);
         assert_eq!(NVME_IOCTL_IO_CMD, 0xc048_4e43);
-        assert_eq!(NVME_IOCTL_ADMIN64_CMD, 0xc050_4e47);
-        assert_eq!(NVME_IOCTL_IO64_CMD, 0xc050_4e48);
     }
 
     /// The one `_IOC` of this crate against hand-computed encodings, including the

@@ -222,7 +222,7 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
     // The identity etcd authenticated (user, else certificate CN) when there is one:
     // a name anyone can type is not evidence of who attested.
     let file = crate::config::load_file(args.etcd.config.as_deref())?;
-    let operator = crate::config::EtcdSettings::resolve(&args.etcd, &file)
+    let operator = crate::config::EtcdSettings::resolve(&args.etcd, &file)?
         .security
         .identity()
         .unwrap_or(args.operator);

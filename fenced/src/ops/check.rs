@@ -192,7 +192,10 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
         Ok(f) => f,
         Err(e) => return unknown(&e),
     };
-    let settings = EtcdSettings::resolve(&args.etcd, &file);
+    let settings = match EtcdSettings::resolve(&args.etcd, &file) {
+        Ok(s) => s,
+        Err(e) => return unknown(&e),
+    };
     let endpoints = probe_endpoints(
         &settings.endpoints,
         store.keys().root(),

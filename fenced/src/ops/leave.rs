@@ -1,17 +1,26 @@
-//! `fenced leave`: SIGTERM the running daemon (it quiesces, returns its arenas and
-//! departs) and wait for it to exit.
+//! `fenced leave`: ask the running daemon, over its control socket, to leave (quiesce,
+//! return its arenas, depart) and wait for its answer.
+//!
+//! No process is signalled: the pid file is read only for the control socket it
+//! names (see [`crate::control`]), so a pid file holding `-1`, `0`, `1`, a stale pid
+//! or a symlink can make `leave` fail, never make it hit another process.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use nix::unistd::Pid;
+use crate::control::{self, ControlError, Outcome};
 
 #[derive(Debug, clap::Args)]
+#[command(group(clap::ArgGroup::new("daemon").required(true).args(["pid_file", "control_socket"])))]
 pub struct LeaveArgs {
-    /// The daemon's pid file.
+    /// The daemon's pid file (`run --pid-file`); only the control socket it names is
+    /// used.
     #[arg(long, env = "FENCED_PID_FILE")]
-    pid_file: PathBuf,
+    pid_file: Option<PathBuf>,
+    /// The daemon's control socket (`run --control-socket`); wins over --pid-file.
+    #[arg(long, env = "FENCED_CONTROL_SOCKET")]
+    control_socket: Option<PathBuf>,
     /// How long to wait for the daemon to finish leaving.
     #[arg(long, default_value = "30")]
     timeout_secs: u64,
@@ -20,54 +29,27 @@ pub struct LeaveArgs {
 /// `fenced leave` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LeaveError {
-    #[error("cannot read pid file {}: {source} (is the daemon running?)", path.display())]
-    ReadPidFile {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("pid file {} does not hold a pid", path.display())]
-    NotAPid { path: PathBuf },
-    #[error("cannot signal pid {pid}: {source}")]
-    Signal {
-        pid: Pid,
-        #[source]
-        source: nix::errno::Errno,
-    },
-    #[error("daemon {pid} still running after {timeout:?}")]
-    StillRunning { pid: Pid, timeout: Duration },
+    #[error(transparent)]
+    Control(#[from] ControlError),
+    #[error("the daemon could not complete its leave: {reason} (peers will fence it)")]
+    Incomplete { reason: String },
+    #[error("the daemon self-fenced instead of leaving: {reason} (peers will fence it)")]
+    SelfFenced { reason: String },
 }
 
 pub async fn leave(args: LeaveArgs) -> Result<ExitCode, LeaveError> {
-    let pid_file = args.pid_file;
-    let timeout = Duration::from_secs(args.timeout_secs);
-    let text = std::fs::read_to_string(&pid_file).map_err(|source| LeaveError::ReadPidFile {
-        path: pid_file.clone(),
-        source,
-    })?;
-    let pid: i32 = text
-        .trim()
-        .parse()
-        .map_err(|_| LeaveError::NotAPid { path: pid_file })?;
-    let pid = Pid::from_raw(pid);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM)
-        .map_err(|source| LeaveError::Signal { pid, source })?;
-    let t0 = Instant::now();
-    // A zombie (exited, not yet reaped by its parent) still answers signal 0.
-    let alive = |pid: Pid| {
-        nix::sys::signal::kill(pid, None).is_ok()
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-                s.rsplit(')')
-                    .next()
-                    .is_some_and(|r| r.trim_start().starts_with('Z'))
-            })
+    let socket = match (args.control_socket, &args.pid_file) {
+        (Some(s), _) => s,
+        (None, Some(p)) => control::socket_of_pid_file(p)?,
+        (None, None) => unreachable!("clap requires one of them"),
     };
-    while alive(pid) {
-        if t0.elapsed() > timeout {
-            return Err(LeaveError::StillRunning { pid, timeout });
+    let timeout = Duration::from_secs(args.timeout_secs);
+    match control::request_leave(&socket, timeout).await? {
+        Outcome::Left => {
+            println!("daemon on {} left", socket.display());
+            Ok(ExitCode::SUCCESS)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        Outcome::Incomplete(reason) => Err(LeaveError::Incomplete { reason }),
+        Outcome::SelfFenced(reason) => Err(LeaveError::SelfFenced { reason }),
     }
-    println!("daemon {pid} left");
-    Ok(ExitCode::SUCCESS)
 }

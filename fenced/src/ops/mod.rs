@@ -59,7 +59,7 @@ impl OpError {
 /// waiting at most [`CLI_ETCD_WAIT`].
 async fn connect(etcd: &EtcdArgs) -> Result<EtcdStore, OpError> {
     let file = config::load_file(etcd.config.as_deref())?;
-    let settings = EtcdSettings::resolve(etcd, &file);
+    let settings = EtcdSettings::resolve(etcd, &file)?;
     Ok(daemon::connect(
         &settings,
         CLI_CLAIM_TTL,

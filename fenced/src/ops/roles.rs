@@ -55,7 +55,7 @@ pub async fn etcd_roles(args: RolesArgs) -> Result<ExitCode, OpError> {
         .map(|n| NodeId::new(n))
         .collect::<Result<Vec<_>, _>>()?;
     let file = config::load_file(args.etcd.config.as_deref())?;
-    let settings = EtcdSettings::resolve(&args.etcd, &file);
+    let settings = EtcdSettings::resolve(&args.etcd, &file)?;
     let keys = Keys::new(&settings.root);
     let roles = role_plan(&keys, &nodes);
     for line in commands(&roles) {

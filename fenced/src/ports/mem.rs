@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SweepSnapshot, Victim};
 use crate::node::NodeId;
-use crate::store::{ClaimGuard, StoreError};
+use crate::store::{Abort, ClaimGuard, Finish, StoreError};
 
 use super::{FenceStore, LeaveStore};
 
@@ -262,20 +262,13 @@ impl FenceStore for MemStore {
         }))
     }
 
-    async fn finish(
-        &self,
-        node: &NodeId,
-        from: u64,
-        generation_rev: i64,
-        claim_rev: i64,
-        release: Option<&[String]>,
-        audit_json: String,
-    ) -> Result<BumpOutcome, StoreError> {
+    async fn finish(&self, req: Finish<'_>) -> Result<BumpOutcome, StoreError> {
         self.fault("finish")?;
+        let node = req.node;
         let mut s = self.state();
         let (now, gen_rev) = s.generations.get(node).copied().unwrap_or((0, 0));
-        let claim_ok = s.claims.get(node).is_some_and(|c| c.1 == claim_rev);
-        if gen_rev != generation_rev || !claim_ok {
+        let claim_ok = s.claims.get(node).is_some_and(|c| c.1 == req.claim_rev);
+        if gen_rev != req.generation_rev || !claim_ok {
             return Ok(if claim_ok {
                 BumpOutcome::GenerationMoved { now }
             } else {
@@ -283,36 +276,30 @@ impl FenceStore for MemStore {
             });
         }
         let rev = s.write();
-        let to = from + 1;
+        let to = req.from + 1;
         s.generations.insert(node.clone(), (to, rev));
         s.done.insert(node.clone(), rev);
         s.pending.remove(node);
-        for arena in release.unwrap_or_default() {
+        for arena in req.release.unwrap_or_default() {
             if let Some(owned) = s.owned.get_mut(node) {
                 owned.remove(arena);
             }
             s.free.insert(arena.clone());
         }
-        s.audit.push((node.clone(), to, false, audit_json));
+        s.audit.push((node.clone(), to, false, req.audit_json));
         s.claims.remove(node);
         Ok(BumpOutcome::Bumped)
     }
 
-    async fn abort(
-        &self,
-        node: &NodeId,
-        claim_rev: i64,
-        generation: u64,
-        _unix_ms: u64,
-        audit_json: String,
-    ) -> Result<(), StoreError> {
+    async fn abort(&self, req: Abort<'_>) -> Result<(), StoreError> {
         self.fault("abort")?;
         let mut s = self.state();
         s.write();
-        if s.claims.get(node).is_some_and(|c| c.1 == claim_rev) {
-            s.claims.remove(node);
+        if s.claims.get(req.node).is_some_and(|c| c.1 == req.claim_rev) {
+            s.claims.remove(req.node);
         }
-        s.audit.push((node.clone(), generation, true, audit_json));
+        s.audit
+            .push((req.node.clone(), req.generation, true, req.audit_json));
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
 
-use super::{EtcdStore, Result, StoreError, absent, kvs, prefix_keys_only};
+use super::{EtcdStore, Result, StoreError, absent, kvs, live_member, prefix_keys_only};
 use crate::node::NodeId;
 
 impl EtcdStore {
@@ -28,7 +28,7 @@ impl EtcdStore {
         let k = &self.keys;
         let txn = Txn::new()
             .when(vec![
-                Compare::create_revision(k.membership(node), CompareOp::Equal, membership_rev),
+                live_member(k, node, membership_rev),
                 Compare::version(k.arena_free(arena), CompareOp::Greater, 0),
                 absent(k.arena_owner(arena)),
             ])
@@ -60,7 +60,6 @@ impl EtcdStore {
             .collect())
     }
 
-    /// The arenas `node` owns.
     /// The arenas the records say `node` owns, read in a transaction conditioned on
     /// our live membership (`None`: not a member any more). An agent adopts arenas
     /// from an earlier incarnation only this way, after `unfence`: a plain read could
@@ -73,11 +72,7 @@ impl EtcdStore {
     ) -> Result<Option<Vec<String>>> {
         let k = &self.keys;
         let txn = Txn::new()
-            .when(vec![Compare::create_revision(
-                k.membership(node),
-                CompareOp::Equal,
-                membership_rev,
-            )])
+            .when(vec![live_member(k, node, membership_rev)])
             .and_then(vec![TxnOp::get(
                 k.arena_node_prefix(node),
                 prefix_keys_only(),
@@ -125,7 +120,7 @@ impl EtcdStore {
         let k = &self.keys;
         let txn = Txn::new()
             .when(vec![
-                Compare::create_revision(k.membership(node), CompareOp::Equal, membership_rev),
+                live_member(k, node, membership_rev),
                 Compare::value(k.arena_owner(arena), CompareOp::Equal, node.as_str()),
             ])
             .and_then(vec![

@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, Txn
 use super::{
     EtcdStore, Result, absent, count, id_text, kvs, parse_u64, prefix_keys_only, revision,
 };
-use crate::core::{BumpOutcome, ClaimOutcome, SnapshotGuard, Victim};
+use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SnapshotGuard, Victim};
 use crate::keys::Keys;
 use crate::node::NodeId;
 
@@ -35,31 +35,41 @@ pub enum ClaimGuard {
     Sweep(SnapshotGuard),
 }
 
-/// Why a watch-path claim was refused, when it was not another controller's claim.
+/// The finishing transaction's request: bump `node`'s generation from `from`, mark
+/// the fence done, clear the intent, release `release` (when given), write the audit
+/// record and release our claim, guarded by the generation's `generation_rev` and our
+/// `claim_rev`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimRefusal {
-    /// The node holds membership again.
-    Member,
-    /// The node left a departure marker; `arenas` is the number of arenas it still owns
-    /// (`None`: could not be read).
-    Departed {
-        /// Arenas still owned.
-        arenas: Option<usize>,
-    },
-    /// The sweep's snapshot aged.
-    SnapshotAged,
-    /// A fence mark was written after the DELETE this attempt acts on: that departure
-    /// is already fenced.
-    AlreadyFenced,
+pub struct Finish<'a> {
+    /// The fenced node.
+    pub node: &'a NodeId,
+    /// The generation the claim read; the bump writes `from + 1`.
+    pub from: u64,
+    /// `mod_revision` of `gen/<node>` the claim read (0: absent).
+    pub generation_rev: i64,
+    /// `create_revision` of our claim.
+    pub claim_rev: i64,
+    /// The arenas to release with the bump (`None`: keep them).
+    pub release: Option<&'a [String]>,
+    /// The audit record, as JSON.
+    pub audit_json: String,
 }
 
-/// A claim transaction's full result.
+/// A failed fence's request: release our claim on `node` (only if it is still the one
+/// created at `claim_rev`) and write the attempt's audit record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClaimResult {
-    /// Won, held elsewhere, or not owed.
-    Outcome(ClaimOutcome),
-    /// Refused by the guard, with the reason.
-    Refused(ClaimRefusal),
+pub struct Abort<'a> {
+    /// The node whose fence failed.
+    pub node: &'a NodeId,
+    /// `create_revision` of our claim.
+    pub claim_rev: i64,
+    /// The node's generation (not bumped): the audit record is filed under it.
+    pub generation: u64,
+    /// When the attempt ended (ms since the Unix epoch): tells apart the audit records
+    /// of several failed attempts at one generation.
+    pub unix_ms: u64,
+    /// The audit record, as JSON.
+    pub audit_json: String,
 }
 
 /// A won claim: the generation (and its mod revision) from the `generation` read, the
@@ -119,7 +129,7 @@ impl EtcdStore {
         victim: &Victim,
         controller: &str,
         guard: ClaimGuard,
-    ) -> Result<ClaimResult> {
+    ) -> Result<ClaimOutcome> {
         let k = &self.keys;
         let n = &victim.node;
         let lease = self.take_claim_lease().await?;
@@ -127,12 +137,7 @@ impl EtcdStore {
         let (resp, attempt) = self.send_claim(n, controller, txn).await?;
         let ops = resp.op_responses();
         if resp.succeeded() {
-            return Ok(ClaimResult::Outcome(won(
-                k,
-                &ops[2],
-                &ops[3],
-                revision(&resp),
-            )?));
+            return won(k, &ops[2], &ops[3], revision(&resp));
         }
         if let Some(kv) = kvs(&ops[0]).first()
             && attempt > 1
@@ -142,12 +147,7 @@ impl EtcdStore {
             // generation bump and an arena change need this claim or the victim's
             // membership, which a join cannot take while the claim exists.
             tracing::info!(step = "claim", node = %n, attempt, "an earlier claim attempt whose answer was lost had landed: the claim is ours");
-            return Ok(ClaimResult::Outcome(won(
-                k,
-                &ops[5],
-                &ops[3],
-                kv.create_revision(),
-            )?));
+            return won(k, &ops[5], &ops[3], kv.create_revision());
         }
         // The lease was not used: keep it as the spare.
         *self.spare.lock().await = Some((lease, Instant::now() - self.claim_ttl / 8));
@@ -190,16 +190,15 @@ impl EtcdStore {
     /// `bump` + `mark_done` + `clear_intent` + `release_arenas` (when `release` is
     /// given) + audit record + `release_claim`, one transaction guarded by the
     /// generation compare and our claim.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn finish(
-        &self,
-        node: &NodeId,
-        from: u64,
-        generation_rev: i64,
-        claim_rev: i64,
-        release: Option<&[String]>,
-        audit_json: String,
-    ) -> Result<BumpOutcome> {
+    pub async fn finish(&self, req: Finish<'_>) -> Result<BumpOutcome> {
+        let Finish {
+            node,
+            from,
+            generation_rev,
+            claim_rev,
+            release,
+            audit_json,
+        } = req;
         let k = &self.keys;
         let to = from + 1;
         let mut ops = vec![
@@ -273,14 +272,14 @@ impl EtcdStore {
 
     /// A failed fence: `release_claim` (only our own claim) and write the audit record
     /// of the attempt. The intent stays: the fence is still owed.
-    pub async fn abort(
-        &self,
-        node: &NodeId,
-        claim_rev: i64,
-        generation: u64,
-        unix_ms: u64,
-        audit_json: String,
-    ) -> Result<()> {
+    pub async fn abort(&self, req: Abort<'_>) -> Result<()> {
+        let Abort {
+            node,
+            claim_rev,
+            generation,
+            unix_ms,
+            audit_json,
+        } = req;
         let k = &self.keys;
         let audit_key = format!("{}.failed.{unix_ms}", k.audit(node, generation));
         let txn = Txn::new()
@@ -372,12 +371,12 @@ fn claim_txn(k: &Keys, victim: &Victim, controller: &str, lease: i64, guard: Cla
 /// A claim that neither succeeded nor turned out to be ours, from the reads of the
 /// claim transaction's `or_else` branch: held by another controller, or refused by
 /// `guard` and why.
-fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimResult {
+fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimOutcome {
     if let Some(kv) = kvs(&ops[0]).first() {
-        return ClaimResult::Outcome(ClaimOutcome::Held { by: id_text(kv) });
+        return ClaimOutcome::Held { by: id_text(kv) };
     }
     if !kvs(&ops[1]).is_empty() {
-        return ClaimResult::Refused(ClaimRefusal::Member);
+        return ClaimOutcome::Refused(Refusal::Member);
     }
     let fenced_since = |rev: i64| {
         kvs(&ops[4])
@@ -385,16 +384,16 @@ fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimResult {
             .is_some_and(|kv| kv.mod_revision() >= rev)
     };
     match guard {
-        ClaimGuard::Sweep(_) => ClaimResult::Refused(ClaimRefusal::SnapshotAged),
+        ClaimGuard::Sweep(_) => ClaimOutcome::Refused(Refusal::SnapshotAged),
         ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
             if fenced_since(deleted_rev) =>
         {
-            ClaimResult::Refused(ClaimRefusal::AlreadyFenced)
+            ClaimOutcome::Refused(Refusal::AlreadyFenced)
         }
-        _ if !kvs(&ops[2]).is_empty() => ClaimResult::Refused(ClaimRefusal::Departed {
+        _ if !kvs(&ops[2]).is_empty() => ClaimOutcome::Refused(Refusal::Departed {
             arenas: Some(count(&ops[3]).max(kvs(&ops[3]).len())),
         }),
-        _ => ClaimResult::Refused(ClaimRefusal::SnapshotAged),
+        _ => ClaimOutcome::Refused(Refusal::SnapshotAged),
     }
 }
 

@@ -38,7 +38,7 @@ mod security;
 mod view;
 
 pub use error::StoreError;
-pub use fence::{ClaimGuard, ClaimRefusal, ClaimResult};
+pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::probe_endpoints;
 pub use membership::Joined;
 pub use security::{EtcdSecurity, SecurityError};
@@ -136,6 +136,13 @@ fn revision(resp: &TxnResponse) -> i64 {
 
 fn absent(key: String) -> Compare {
     Compare::create_revision(key, CompareOp::Equal, 0)
+}
+
+/// `node`'s membership is the one created at `membership_rev`: the guard of a write
+/// made as a live member (a node whose lease expired, or that joined again since,
+/// writes nothing).
+fn live_member(k: &Keys, node: &crate::node::NodeId, membership_rev: i64) -> Compare {
+    Compare::create_revision(k.membership(node), CompareOp::Equal, membership_rev)
 }
 
 fn prefix() -> Option<GetOptions> {

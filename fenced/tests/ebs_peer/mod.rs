@@ -1,7 +1,9 @@
 //! The EC2 API peer for the EBS tests: a `moto_server` started on a free loopback port
 //! (killed by PID on drop), fixtures set up with plain unsigned Query API requests (code
 //! independent of the fencer's client), and a small HTTP proxy in front of moto that can
-//! make `DetachVolume` asynchronous, as it is on AWS (moto detaches synchronously).
+//! make `DetachVolume` asynchronous, as it is on AWS (moto detaches synchronously), add
+//! the extra attachments of a Multi-Attach volume (moto keeps one per volume), and
+//! corrupt answers ([`Corrupt`]); it also completes moto's IMDSv2 token answer.
 
 #![allow(dead_code)]
 
@@ -358,9 +360,28 @@ pub struct Proxy {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// How the proxy damages answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Corrupt {
+    /// Answers pass unchanged.
+    Nothing,
+    /// `DescribeVolumes` answers lose their `attachmentSet` elements.
+    DropAttachmentSet,
+    /// `DescribeVolumes` answers are cut in the middle of their XML (with a matching
+    /// `Content-Length`).
+    Truncate,
+    /// `DetachVolume` is answered `InvalidInstanceID.NotFound` (not forwarded).
+    InstanceNotFound,
+}
+
+/// Extra attachments the proxy adds to one volume (Multi-Attach): `(volume, instance)`.
+type Extra = Vec<(String, String)>;
+
 #[derive(Debug)]
 struct ProxyState {
     upstream: SocketAddr,
+    corrupt: Mutex<Corrupt>,
+    extra: Mutex<Extra>,
     detach_delay_ms: AtomicU64,
     detaches: AtomicU32,
     describes: AtomicU32,
@@ -375,6 +396,8 @@ impl Proxy {
         let addr = listener.local_addr().expect("proxy addr");
         let state = Arc::new(ProxyState {
             upstream,
+            corrupt: Mutex::new(Corrupt::Nothing),
+            extra: Mutex::new(Vec::new()),
             detach_delay_ms: AtomicU64::new(0),
             detaches: AtomicU32::new(0),
             describes: AtomicU32::new(0),
@@ -399,6 +422,22 @@ impl Proxy {
     pub fn set_detach_delay(&self, d: Duration) {
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         self.state.detach_delay_ms.store(ms, Ordering::SeqCst);
+    }
+
+    /// Damages answers from now on (see [`Corrupt`]).
+    pub fn set_corrupt(&self, c: Corrupt) {
+        *self.state.corrupt.lock().unwrap() = c;
+    }
+
+    /// Multi-Attach, which moto lacks: `DescribeVolumes` answers for `volume` also list
+    /// `instance` as `attached`, until a `DetachVolume` for that pair (answered by the
+    /// proxy, not forwarded) removes it.
+    pub fn add_attachment(&self, volume: &str, instance: &str) {
+        self.state
+            .extra
+            .lock()
+            .unwrap()
+            .push((volume.to_owned(), instance.to_owned()));
     }
 
     /// DetachVolume requests received.
@@ -503,7 +542,25 @@ async fn serve(mut conn: TcpStream, st: Arc<ProxyState>) {
     let body = String::from_utf8_lossy(&req.body).into_owned();
     let action = form_value(&body, "Action").unwrap_or_default();
     let delay = Duration::from_millis(st.detach_delay_ms.load(Ordering::SeqCst));
+    let corrupt = *st.corrupt.lock().unwrap();
+    let vol = form_value(&body, "VolumeId").unwrap_or_default();
+    let inst = form_value(&body, "InstanceId").unwrap_or_default();
     let answer = match action.as_str() {
+        "DetachVolume" if corrupt == Corrupt::InstanceNotFound => {
+            st.detaches.fetch_add(1, Ordering::SeqCst);
+            st.detach_seen.notify_waiters();
+            let xml = format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error>\
+                 <Code>InvalidInstanceID.NotFound</Code><Message>The instance ID '{inst}' does \
+                 not exist</Message></Error></Errors><RequestID>proxy</RequestID></Response>"
+            );
+            Ok(http_answer("400 Bad Request", &xml))
+        }
+        "DetachVolume" if take_extra(&st, &vol, &inst) => {
+            st.detaches.fetch_add(1, Ordering::SeqCst);
+            st.detach_seen.notify_waiters();
+            Ok(http_answer("200 OK", &detach_xml(&vol, &inst, "detaching")))
+        }
         "DetachVolume" => {
             st.detaches.fetch_add(1, Ordering::SeqCst);
             st.detach_seen.notify_waiters();
@@ -511,37 +568,145 @@ async fn serve(mut conn: TcpStream, st: Arc<ProxyState>) {
                 st.forwarded_detaches.fetch_add(1, Ordering::SeqCst);
                 forward(st.upstream, &req).await
             } else {
-                let vol = form_value(&body, "VolumeId").unwrap_or_default();
-                let inst = form_value(&body, "InstanceId").unwrap_or_default();
                 let st2 = st.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     st2.forwarded_detaches.fetch_add(1, Ordering::SeqCst);
                     let _ = forward(st2.upstream, &req).await;
                 });
-                let xml = format!(
-                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DetachVolumeResponse \
-                     xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>proxy</requestId>\
-                     <volumeId>{vol}</volumeId><instanceId>{inst}</instanceId><device>/dev/sdf</device>\
-                     <status>detaching</status></DetachVolumeResponse>"
-                );
-                Ok(format!(
-                    "HTTP/1.1 200 OK\r\nContent-Type: text/xml;charset=UTF-8\r\nContent-Length: {}\r\n\
-                     Connection: close\r\n\r\n{xml}",
-                    xml.len()
-                )
-                .into_bytes())
+                Ok(http_answer("200 OK", &detach_xml(&vol, &inst, "detaching")))
             }
         }
+        // moto also serves IMDSv2, but answers the token without the TTL header that
+        // aws-config's IMDS client requires: added here.
+        _ if req.head.starts_with("PUT /latest/api/token ") => {
+            forward(st.upstream, &req).await.map(|a| {
+                let text = String::from_utf8_lossy(&a).into_owned();
+                text.replacen(
+                    "\r\n",
+                    "\r\nx-aws-ec2-metadata-token-ttl-seconds: 21600\r\n",
+                    1,
+                )
+                .into_bytes()
+            })
+        }
         other => {
-            if other == "DescribeVolumes" {
+            let describe = other == "DescribeVolumes";
+            if describe {
                 st.describes.fetch_add(1, Ordering::SeqCst);
             }
-            forward(st.upstream, &req).await
+            let answer = forward(st.upstream, &req).await;
+            if describe {
+                let asked = form_value(&body, "VolumeId.1").unwrap_or_default();
+                let extra: Vec<String> = st
+                    .extra
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(v, _)| *v == asked)
+                    .map(|(_, i)| i.clone())
+                    .collect();
+                answer.map(|a| rewrite_body(&a, |xml| damage(xml, &asked, &extra, corrupt)))
+            } else {
+                answer
+            }
         }
     };
     if let Ok(bytes) = answer {
         let _ = conn.write_all(&bytes).await;
         let _ = conn.shutdown().await;
     }
+}
+
+fn take_extra(st: &ProxyState, vol: &str, inst: &str) -> bool {
+    let mut extra = st.extra.lock().unwrap();
+    let before = extra.len();
+    extra.retain(|(v, i)| !(v == vol && i == inst));
+    extra.len() != before
+}
+
+fn detach_xml(vol: &str, inst: &str, status: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<DetachVolumeResponse \
+         xmlns=\"http://ec2.amazonaws.com/doc/2016-11-15/\"><requestId>proxy</requestId>\
+         <volumeId>{vol}</volumeId><instanceId>{inst}</instanceId><device>/dev/sdf</device>\
+         <status>{status}</status></DetachVolumeResponse>"
+    )
+}
+
+fn http_answer(status: &str, xml: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/xml;charset=UTF-8\r\nContent-Length: {}\r\n\
+         Connection: close\r\n\r\n{xml}",
+        xml.len()
+    )
+    .into_bytes()
+}
+
+/// A `DescribeVolumes` answer with the extra attachments added, then damaged.
+fn damage(xml: &str, vol: &str, extra: &[String], corrupt: Corrupt) -> String {
+    let mut xml = xml.to_owned();
+    if !extra.is_empty() {
+        let items: String = extra
+            .iter()
+            .map(|i| {
+                format!(
+                    "<item><volumeId>{vol}</volumeId><instanceId>{i}</instanceId>\
+                     <device>/dev/sdg</device><status>attached</status></item>"
+                )
+            })
+            .collect();
+        xml = if xml.contains("<attachmentSet/>") {
+            xml.replace(
+                "<attachmentSet/>",
+                &format!("<attachmentSet>{items}</attachmentSet>"),
+            )
+        } else {
+            xml.replace("<attachmentSet>", &format!("<attachmentSet>{items}"))
+        };
+    }
+    match corrupt {
+        Corrupt::DropAttachmentSet => {
+            while let Some(a) = xml.find("<attachmentSet") {
+                let end = if xml[a..].starts_with("<attachmentSet/>") {
+                    a + "<attachmentSet/>".len()
+                } else {
+                    let close = "</attachmentSet>";
+                    a + xml[a..].find(close).expect("closed attachmentSet") + close.len()
+                };
+                xml.replace_range(a..end, "");
+            }
+            xml
+        }
+        Corrupt::Truncate => {
+            let mut cut = xml.len() / 2;
+            while !xml.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            xml[..cut].to_owned()
+        }
+        Corrupt::Nothing | Corrupt::InstanceNotFound => xml,
+    }
+}
+
+/// `answer` (a whole HTTP/1.1 answer) with its body replaced by `f(body)` and its
+/// `Content-Length` set to match.
+fn rewrite_body(answer: &[u8], f: impl FnOnce(&str) -> String) -> Vec<u8> {
+    let text = String::from_utf8_lossy(answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return answer.to_vec();
+    };
+    let body = f(body);
+    let mut out = String::new();
+    for line in head.split("\r\n") {
+        let is_len = line
+            .split_once(':')
+            .is_some_and(|(k, _)| k.eq_ignore_ascii_case("content-length"));
+        if !is_len {
+            out.push_str(line);
+            out.push_str("\r\n");
+        }
+    }
+    out.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    out.into_bytes()
 }

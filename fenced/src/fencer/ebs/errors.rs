@@ -176,6 +176,47 @@ pub fn classify_credentials(e: &CredentialsError) -> Ec2ErrorKind {
     }
 }
 
+/// The details of [`EbsError::UnknownAttachment`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unaccounted {
+    /// The volume.
+    pub volume_id: String,
+    /// The victim.
+    pub node: String,
+    /// The victim's recorded instance id.
+    pub instance_id: String,
+    /// Live attachments not accounted for by another node.
+    pub others: Vec<String>,
+    /// Why the other nodes' instance ids could not be read, if they could not.
+    pub lookup_error: Option<String>,
+}
+
+impl fmt::Display for Unaccounted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Self {
+            volume_id,
+            node,
+            instance_id,
+            others,
+            lookup_error,
+        } = self;
+        write!(
+            f,
+            "volume {volume_id}: no attachment to {instance_id} (node {node}), but EC2 never \
+             showed {instance_id} attached and the volume is attached to {} which no other node \
+             is recorded on",
+            others.join(", ")
+        )?;
+        if let Some(e) = lookup_error {
+            write!(f, " (the cluster's instance ids could not be read: {e})")?;
+        }
+        f.write_str(
+            ": the recorded id may be wrong; not confirmed. Check the node's instance id, and \
+             detach its real instance by hand if it is one of those",
+        )
+    }
+}
+
 /// Why an EBS fence did not confirm. Every variant leaves the fence owed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -191,6 +232,23 @@ pub enum EbsError {
         /// The volume.
         volume_id: String,
     },
+    /// The instance id recorded for the node (read back from etcd) is not an EC2
+    /// instance id: nothing is sent to EC2.
+    #[error(
+        "node {node}: recorded instance id {instance_id:?} is not an EC2 instance id (i- and 8 or 17 hex digits); cannot fence it by EBS: detach its instance from the volume by hand, then `fenced attest`"
+    )]
+    BadInstanceId {
+        /// The victim.
+        node: String,
+        /// The refused id (printed escaped).
+        instance_id: String,
+    },
+    /// The volume lists no attachment to the victim's instance, but EC2 never showed
+    /// that instance attached during the fence and the volume is attached to instances
+    /// no other node is recorded on: the recorded id may be wrong (a typo, a stale
+    /// record) while the victim's real instance is one of those. Not severed.
+    #[error("{0}")]
+    UnknownAttachment(Box<Unaccounted>),
     /// The configured volume does not exist: a misconfiguration, never "severed".
     #[error("volume {volume_id} not found ({op}): check --ebs-volume-id and --ebs-region")]
     VolumeNotFound {
@@ -265,14 +323,16 @@ impl EbsError {
     /// The protocol step that failed.
     pub fn step(&self) -> FenceStep {
         match self {
-            Self::NoInstanceId { .. } | Self::Denied { .. } | Self::Rejected { .. } => {
-                FenceStep::Sever
-            }
+            Self::NoInstanceId { .. }
+            | Self::BadInstanceId { .. }
+            | Self::Denied { .. }
+            | Self::Rejected { .. } => FenceStep::Sever,
             Self::VolumeNotFound { op, .. } => match op {
                 Ec2Op::DetachVolume => FenceStep::Sever,
                 Ec2Op::DescribeVolumes => FenceStep::Verify,
             },
             Self::Unconfirmed { .. }
+            | Self::UnknownAttachment(_)
             | Self::NoRegion
             | Self::Client(_)
             | Self::BadLimits { .. } => FenceStep::Verify,

@@ -8,8 +8,14 @@
 //!
 //! - **Confirmation is only `DescribeVolumes`.** The `DetachVolume` answer (even
 //!   `detached`) never confirms anything; it only starts the operation. A victim is
-//!   severed when the volume exists and lists no attachment to its instance (or lists it
-//!   as `detached`). `detaching`, `attached` and `busy` are not severed.
+//!   severed when a complete answer (the volume listed once, with its state and its
+//!   `attachmentSet`, every attachment with instance and state: `query::parse_describe`)
+//!   lists no live attachment to its instance, **and** EC2 showed that instance attached
+//!   during the fence, or the volume has no live attachment at all, or every other live
+//!   attachment is an instance recorded for another node ([`KnownInstances`]). Otherwise
+//!   the recorded id may be wrong while the victim's real instance is one of the other
+//!   attachments: [`EbsError::UnknownAttachment`]. `detaching`, `attached` and `busy` are
+//!   not severed; a malformed answer is retried, never read as "no attachments".
 //! - **Bounded.** The whole fence (detach, polls, backoff, every HTTP attempt) ends by
 //!   [`PollLimits::deadline`] (default 60 s), which must stay below the fence-claim TTL
 //!   (120 s) so that a claim never expires under a live fencer. Running out of time is
@@ -17,7 +23,8 @@
 //! - **Idempotent.** An already-detached volume is a confirmed fence: `DetachVolume`
 //!   answering "not attached" (`IncorrectState`, `InvalidAttachment.NotFound`) or
 //!   "unknown instance" (`InvalidInstanceID.NotFound`) just moves on to the
-//!   `DescribeVolumes` check, which decides.
+//!   `DescribeVolumes` check, which decides (with the rule above: neither answer shows
+//!   the instance was ever attached).
 //! - **Errors classified once** ([`classify`]) and judged once
 //!   ([`EbsError::retry_or_stop`]), both in `errors.rs`: throttling and transient
 //!   failures are retried inside the deadline; auth/permission failures fail at once
@@ -25,7 +32,12 @@
 //!   role); an unknown **volume** is a misconfiguration and never counts as severed (a
 //!   typo in `--ebs-volume-id` must not turn every fence into a "success"); an unknown
 //!   **instance** counts as severed only through `DescribeVolumes` showing no
-//!   attachment to it, which is what a terminated instance looks like.
+//!   attachment to it and the volume's other attachments accounted for, which is what
+//!   a terminated instance looks like.
+//! - **Instance ids are EC2 ids** ([`is_instance_id`]): one read back from etcd in
+//!   another form is refused before any call ([`EbsError::BadInstanceId`]), and a node
+//!   joins only after [`EbsFencer::check_join`] saw its instance attached to the volume
+//!   (`join.rs`: IMDSv2 where it answers).
 //! - **The instance id comes from the intent** (`fence_pending/<node>`, recorded from the
 //!   membership value at join), because the membership key is gone by the time a retry
 //!   runs. A victim with no known instance id cannot be fenced by EBS: detaching "every
@@ -42,16 +54,23 @@ use tokio::time::Instant;
 
 use crate::core::{Confirmation, Victim};
 use crate::fencer::{BoxFuture, FenceError, Fencer};
+use crate::node::NodeId;
+use crate::store::EtcdStore;
 
 mod errors;
+mod join;
 mod query;
 
 // The generic levels live in `crate::fencer::levels`; this path stays for its users.
 pub use crate::fencer::FencingLevels;
 pub use errors::{
-    EbsError, Ec2Error, Ec2ErrorKind, Ec2Op, Transport, classify, classify_credentials,
+    EbsError, Ec2Error, Ec2ErrorKind, Ec2Op, Transport, Unaccounted, classify, classify_credentials,
 };
-pub use query::{API_VERSION, ClientError, Ec2Client, regional_endpoint};
+pub use join::{
+    IMDS_TIMEOUT, IdSource, JOIN_CHECK_TIMEOUT, JoinError, choose_instance_id, connect_and_check,
+    imds_instance_id,
+};
+pub use query::{API_VERSION, ClientError, Ec2Client, is_loopback_host, regional_endpoint};
 
 /// Default bound on one whole EBS fence.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
@@ -97,6 +116,72 @@ pub trait Ec2Volumes: Send + Sync + fmt::Debug {
         &'a self,
         volume_id: &'a str,
     ) -> BoxFuture<'a, Result<VolumeView, Ec2Error>>;
+}
+
+/// The instance ids recorded for the cluster's nodes other than a victim.
+pub trait KnownInstances: Send + Sync + fmt::Debug {
+    /// `(node, instance id)` of every node but `victim` whose recorded id is an EC2
+    /// instance id (others are left out: they cannot name an attachment). `Err`: why
+    /// they could not be read.
+    fn peer_instances<'a>(
+        &'a self,
+        victim: &'a NodeId,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, String>>;
+}
+
+/// The store's records: `instance/<node>` (kept after a node leaves) and the live
+/// memberships, read in one transaction.
+impl KnownInstances for EtcdStore {
+    fn peer_instances<'a>(
+        &'a self,
+        victim: &'a NodeId,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, String>> {
+        Box::pin(async move {
+            let (snap, _) = self.sweep_snapshot().await.map_err(|e| e.to_string())?;
+            let mut out: Vec<(String, String)> = snap
+                .instances
+                .iter()
+                .chain(snap.members.iter())
+                .filter(|(n, i)| *n != victim && is_instance_id(i))
+                .map(|(n, i)| (n.to_string(), i.clone()))
+                .collect();
+            out.sort();
+            out.dedup();
+            Ok(out)
+        })
+    }
+}
+
+/// A fixed list of `(node, instance id)` (tests, and clusters whose peers are known
+/// ahead).
+#[derive(Debug, Clone, Default)]
+pub struct StaticInstances(pub Vec<(String, String)>);
+
+impl KnownInstances for StaticInstances {
+    fn peer_instances<'a>(
+        &'a self,
+        victim: &'a NodeId,
+    ) -> BoxFuture<'a, Result<Vec<(String, String)>, String>> {
+        let out = self
+            .0
+            .iter()
+            .filter(|(n, i)| n != victim.as_str() && is_instance_id(i))
+            .cloned()
+            .collect();
+        Box::pin(async move { Ok(out) })
+    }
+}
+
+/// Whether `id` has the form of an EC2 instance id: `i-` followed by 8 or 17 lowercase
+/// hexadecimal digits. Checked wherever an instance id enters the EBS fencer (the
+/// command line, IMDS, a record read back from etcd).
+pub fn is_instance_id(id: &str) -> bool {
+    id.strip_prefix("i-").is_some_and(|hex| {
+        matches!(hex.len(), 8 | 17)
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
 }
 
 /// Timing of one fence.
@@ -198,6 +283,7 @@ pub struct EbsFencer {
     api: Arc<dyn Ec2Volumes>,
     volume_id: String,
     limits: PollLimits,
+    known: Option<Arc<dyn KnownInstances>>,
 }
 
 impl EbsFencer {
@@ -207,7 +293,18 @@ impl EbsFencer {
             api,
             volume_id: volume_id.into(),
             limits,
+            known: None,
         }
+    }
+
+    /// Where the fencer learns the instance ids recorded for the cluster's other nodes
+    /// (the daemon: its etcd store), to tell a surviving peer's attachment from the real
+    /// instance of a victim recorded under a wrong id. Without it, a victim never seen
+    /// attached is confirmed only by a volume with no live attachment at all.
+    #[must_use]
+    pub fn with_known_instances(mut self, known: Arc<dyn KnownInstances>) -> Self {
+        self.known = Some(known);
+        self
     }
 
     /// A fencer on the EC2 Query API with the standard chain, checking the limits against
@@ -252,6 +349,14 @@ impl EbsFencer {
                 volume_id: vol.to_owned(),
             });
         }
+        // The id was read back from etcd: anything but an EC2 id is refused before it
+        // reaches EC2 (or a log line).
+        if !is_instance_id(instance) {
+            return Err(EbsError::BadInstanceId {
+                node: victim.node.to_string(),
+                instance_id: instance.to_owned(),
+            });
+        }
         let start = Instant::now();
         let deadline = start + self.limits.deadline;
         let mut backoff = self.limits.first_backoff;
@@ -261,6 +366,11 @@ impl EbsFencer {
         let mut polls = 0u32;
         let mut last_state: Option<String> = None;
         let mut last_error: Option<Box<Ec2Error>> = None;
+        // Whether EC2 showed, during this fence, that the volume is (or was) attached to
+        // this instance: DetachVolume accepted for it, or DescribeVolumes listed it.
+        // Without that, its absence from the attachment list proves nothing about a
+        // wrong id (see `judge`).
+        let mut seen_attached = false;
 
         while Instant::now() < deadline {
             let resend = match detached_at {
@@ -278,12 +388,16 @@ impl EbsFencer {
                 match r {
                     Ok(state) => {
                         detached_at = Some(Instant::now());
+                        seen_attached = true;
                         detach_note = format!(
                             "DetachVolume(Force) answered {}",
                             state.as_deref().unwrap_or("no state")
                         );
                     }
                     Err(e) => match e.kind {
+                        // Not evidence of anything by itself: DescribeVolumes decides,
+                        // and an instance never seen attached needs its absence
+                        // accounted for (`judge`).
                         Ec2ErrorKind::NotAttached | Ec2ErrorKind::InstanceNotFound => {
                             detached_at = Some(Instant::now());
                             detach_note = format!(
@@ -303,8 +417,13 @@ impl EbsFencer {
             match r {
                 Ok(view) => {
                     polls += 1;
+                    if view.attachments.iter().any(|a| a.instance_id == instance) {
+                        seen_attached = true;
+                    }
                     match view.live_attachment(instance) {
                         None => {
+                            let accounted =
+                                self.judge(victim, &view, seen_attached, deadline).await?;
                             let others = view
                                 .attachments
                                 .iter()
@@ -315,8 +434,8 @@ impl EbsFencer {
                                 severed: true,
                                 evidence: format!(
                                     "volume {vol}: DescribeVolumes lists no attachment to {instance} \
-                                     (volume {}, {others} other live attachment(s)); {detach_note}; \
-                                     {detach_calls} detach call(s), {polls} poll(s) in {:?}",
+                                     (volume {}, {others} other live attachment(s){accounted}); \
+                                     {detach_note}; {detach_calls} detach call(s), {polls} poll(s) in {:?}",
                                     if view.state.is_empty() {
                                         "state unknown"
                                     } else {
@@ -347,6 +466,71 @@ impl EbsFencer {
             last_state,
             last_error,
         })
+    }
+
+    /// Whether a `DescribeVolumes` answer without a live attachment to the victim's
+    /// instance is evidence that the victim is cut off. It is when EC2 showed the instance
+    /// attached during this fence (the attachment went away), or when the volume has no
+    /// live attachment at all (nothing can write). Otherwise the id may be wrong (a
+    /// typo, a stale record: EC2 answers `InvalidInstanceID.NotFound` or "not attached"
+    /// for it) while the victim's real instance is one of the volume's attachments; then
+    /// every other live attachment must be an instance recorded for another node of the
+    /// cluster. `Ok` carries a note for the evidence.
+    async fn judge(
+        &self,
+        victim: &Victim,
+        view: &VolumeView,
+        seen_attached: bool,
+        deadline: Instant,
+    ) -> Result<String, EbsError> {
+        let instance = victim.instance.trim();
+        let others: Vec<&str> = view
+            .attachments
+            .iter()
+            .filter(|a| a.instance_id != instance && a.state != "detached")
+            .map(|a| a.instance_id.as_str())
+            .collect();
+        if seen_attached || others.is_empty() {
+            return Ok(String::new());
+        }
+        let unknown = |others: &[&str], lookup_error: Option<String>| {
+            EbsError::UnknownAttachment(Box::new(Unaccounted {
+                volume_id: self.volume_id.clone(),
+                node: victim.node.to_string(),
+                instance_id: instance.to_owned(),
+                others: others.iter().map(|s| (*s).to_owned()).collect(),
+                lookup_error,
+            }))
+        };
+        let Some(known) = &self.known else {
+            return Err(unknown(&others, None));
+        };
+        let peers =
+            match tokio::time::timeout_at(deadline, known.peer_instances(&victim.node)).await {
+                Ok(Ok(p)) => p,
+                Ok(Err(why)) => return Err(unknown(&others, Some(why))),
+                Err(_) => {
+                    let why = "no answer before the fence deadline".to_owned();
+                    return Err(unknown(&others, Some(why)));
+                }
+            };
+        let unaccounted: Vec<&str> = others
+            .iter()
+            .copied()
+            .filter(|o| !peers.iter().any(|(_, i)| i == o))
+            .collect();
+        if !unaccounted.is_empty() {
+            return Err(unknown(&unaccounted, None));
+        }
+        let names: Vec<String> = others
+            .iter()
+            .filter_map(|o| peers.iter().find(|(_, i)| i == o))
+            .map(|(n, i)| format!("{i} of {n}"))
+            .collect();
+        Ok(format!(
+            ", each another node's: {}; {instance} never seen attached",
+            names.join(", ")
+        ))
     }
 }
 
@@ -441,6 +625,11 @@ mod tests {
         }
     }
 
+    // Instance ids in EC2 form (anything else is refused before any call).
+    const V: &str = "i-0123456789abcdef0";
+    const S: &str = "i-0123456789abcdef1";
+    const GONE: &str = "i-0000000a";
+
     fn vol(atts: &[(&str, &str)]) -> VolumeView {
         VolumeView {
             state: if atts.is_empty() {
@@ -483,11 +672,11 @@ mod tests {
     async fn polls_until_the_attachment_is_gone() {
         let s = Arc::new(
             Script::default()
-                .describe(Ok(vol(&[("i-v", "detaching"), ("i-s", "attached")])))
-                .describe(Ok(vol(&[("i-v", "detaching"), ("i-s", "attached")])))
-                .describe(Ok(vol(&[("i-s", "attached")]))),
+                .describe(Ok(vol(&[(V, "detaching"), (S, "attached")])))
+                .describe(Ok(vol(&[(V, "detaching"), (S, "attached")])))
+                .describe(Ok(vol(&[(S, "attached")]))),
         );
-        let c = fencer(&s).sever(&victim("i-v")).await.unwrap();
+        let c = fencer(&s).sever(&victim(V)).await.unwrap();
         assert!(c.severed);
         assert_eq!(c.fencer, "ebs");
         assert!(
@@ -505,9 +694,9 @@ mod tests {
         let s = Arc::new(
             Script::default()
                 .detach(Ok(Some("detached")))
-                .describe(Ok(vol(&[("i-v", "attached")]))),
+                .describe(Ok(vol(&[(V, "attached")]))),
         );
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         match &e {
             EbsError::Unconfirmed {
                 polls, last_state, ..
@@ -525,8 +714,8 @@ mod tests {
 
     #[tokio::test]
     async fn detaching_is_not_severed_and_not_resent() {
-        let s = Arc::new(Script::default().describe(Ok(vol(&[("i-v", "detaching")]))));
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let s = Arc::new(Script::default().describe(Ok(vol(&[(V, "detaching")]))));
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         assert!(matches!(e, EbsError::Unconfirmed { .. }), "{e:?}");
         assert_eq!(s.calls(Ec2Op::DetachVolume), 1);
     }
@@ -536,9 +725,9 @@ mod tests {
         let s = Arc::new(
             Script::default()
                 .detach(Err(Ec2ErrorKind::NotAttached))
-                .describe(Ok(vol(&[("i-v", "detached")]))),
+                .describe(Ok(vol(&[(V, "detached")]))),
         );
-        let c = fencer(&s).sever(&victim("i-v")).await.unwrap();
+        let c = fencer(&s).sever(&victim(V)).await.unwrap();
         assert!(c.severed);
         assert_eq!(s.calls(Ec2Op::DescribeVolumes), 1);
     }
@@ -550,13 +739,13 @@ mod tests {
                 .detach(Err(Ec2ErrorKind::InstanceNotFound))
                 .describe(Ok(vol(&[]))),
         );
-        assert!(fencer(&s).sever(&victim("i-gone")).await.unwrap().severed);
+        assert!(fencer(&s).sever(&victim(GONE)).await.unwrap().severed);
     }
 
     #[tokio::test]
     async fn unknown_volume_is_not_severed() {
         let s = Arc::new(Script::default().detach(Err(Ec2ErrorKind::VolumeNotFound)));
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         assert!(
             matches!(
                 e,
@@ -569,7 +758,7 @@ mod tests {
         );
         assert!(!e.is_retryable());
         let s = Arc::new(Script::default().describe(Err(Ec2ErrorKind::VolumeNotFound)));
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         assert!(
             matches!(
                 e,
@@ -585,7 +774,7 @@ mod tests {
     #[tokio::test]
     async fn denied_fails_at_once() {
         let s = Arc::new(Script::default().detach(Err(Ec2ErrorKind::Denied)));
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         assert!(matches!(e, EbsError::Denied { .. }), "{e:?}");
         assert_eq!(s.calls(Ec2Op::DescribeVolumes), 0);
         let fe = FenceError::from(e);
@@ -605,11 +794,11 @@ mod tests {
                 .detach(Err(Ec2ErrorKind::Transient))
                 .detach(Ok(Some("detaching")))
                 .describe(Err(Ec2ErrorKind::Throttled))
-                .describe(Ok(vol(&[("i-v", "attached")])))
-                .describe(Ok(vol(&[("i-v", "detaching")])))
+                .describe(Ok(vol(&[(V, "attached")])))
+                .describe(Ok(vol(&[(V, "detaching")])))
                 .describe(Ok(vol(&[]))),
         );
-        assert!(fencer(&s).sever(&victim("i-v")).await.unwrap().severed);
+        assert!(fencer(&s).sever(&victim(V)).await.unwrap().severed);
         assert_eq!(s.calls(Ec2Op::DetachVolume), 3);
         assert_eq!(s.calls(Ec2Op::DescribeVolumes), 4);
     }
@@ -622,7 +811,7 @@ mod tests {
                 .describe(Err(Ec2ErrorKind::Throttled)),
         );
         let t = Instant::now();
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         let EbsError::Unconfirmed {
             last_error, waited, ..
         } = &e
@@ -641,7 +830,7 @@ mod tests {
         });
         s.describe.lock().unwrap().push_back(Ok(vol(&[])));
         let t = Instant::now();
-        let e = fencer(&s).sever(&victim("i-v")).await.unwrap_err();
+        let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
         assert!(matches!(e, EbsError::Unconfirmed { polls: 0, .. }), "{e:?}");
         assert!(t.elapsed() < Duration::from_secs(2));
     }
@@ -652,6 +841,121 @@ mod tests {
         let e = fencer(&s).sever(&victim(" ")).await.unwrap_err();
         assert!(matches!(e, EbsError::NoInstanceId { .. }), "{e:?}");
         assert!(s.calls.lock().unwrap().is_empty());
+    }
+
+    /// A wrong (well-formed) id: EC2 does not know the instance, and the volume is
+    /// attached to another instance, which may be the victim's real one. Confirmed only
+    /// when that attachment is another node's.
+    #[tokio::test]
+    async fn a_never_seen_instance_needs_the_other_attachments_accounted_for() {
+        for detach in [Ec2ErrorKind::InstanceNotFound, Ec2ErrorKind::NotAttached] {
+            let script = || {
+                Arc::new(
+                    Script::default()
+                        .detach(Err(detach))
+                        .describe(Ok(vol(&[(S, "attached")]))),
+                )
+            };
+            let s = script();
+            let e = fencer(&s).sever(&victim(V)).await.unwrap_err();
+            match &e {
+                EbsError::UnknownAttachment(u) => {
+                    assert_eq!(u.others, [S.to_owned()]);
+                    assert_eq!(u.instance_id, V);
+                }
+                other => panic!("{detach:?}: {other:?}"),
+            }
+            assert_eq!(e.step(), FenceStep::Verify);
+            assert!(e.to_string().contains("may be wrong"), "{e}");
+            assert_eq!(s.calls(Ec2Op::DescribeVolumes), 1, "stops at once");
+
+            // Recorded for the victim's own node: still not accounted for.
+            let own = StaticInstances(vec![("n1".into(), S.into())]);
+            let s = script();
+            let e = fencer(&s)
+                .with_known_instances(Arc::new(own))
+                .sever(&victim(V))
+                .await
+                .unwrap_err();
+            assert!(matches!(e, EbsError::UnknownAttachment(_)), "{e:?}");
+
+            // Another node's instance: a surviving peer, the victim is gone.
+            let peers = StaticInstances(vec![
+                ("n2".into(), S.into()),
+                ("n3".into(), "bad\nid".into()),
+            ]);
+            let s = script();
+            let c = fencer(&s)
+                .with_known_instances(Arc::new(peers))
+                .sever(&victim(V))
+                .await
+                .unwrap();
+            assert!(c.severed);
+            assert!(c.evidence.contains(&format!("{S} of n2")), "{}", c.evidence);
+        }
+    }
+
+    /// A directory that cannot be read is no evidence either.
+    #[tokio::test]
+    async fn an_unreadable_directory_does_not_confirm() {
+        #[derive(Debug)]
+        struct Broken;
+        impl KnownInstances for Broken {
+            fn peer_instances<'a>(
+                &'a self,
+                _: &'a NodeId,
+            ) -> BoxFuture<'a, Result<Vec<(String, String)>, String>> {
+                Box::pin(async { Err("etcd unavailable".to_owned()) })
+            }
+        }
+        let s = Arc::new(
+            Script::default()
+                .detach(Err(Ec2ErrorKind::InstanceNotFound))
+                .describe(Ok(vol(&[(S, "attached")]))),
+        );
+        let e = fencer(&s)
+            .with_known_instances(Arc::new(Broken))
+            .sever(&victim(V))
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("etcd unavailable"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_recorded_id_not_in_ec2_form_is_refused_before_any_call() {
+        for bad in [
+            "i-v",
+            "vol-0123456789abcdef0",
+            "i-0123456789ABCDEF0",
+            "i-1\nforged line",
+        ] {
+            let s = Arc::new(Script::default());
+            let e = fencer(&s).sever(&victim(bad)).await.unwrap_err();
+            assert!(matches!(e, EbsError::BadInstanceId { .. }), "{bad}: {e:?}");
+            assert!(!e.to_string().contains('\n'), "{e}");
+            assert!(s.calls.lock().unwrap().is_empty());
+        }
+    }
+
+    #[test]
+    fn instance_id_form() {
+        for ok in ["i-0123abcd", "i-0123456789abcdef0"] {
+            assert!(is_instance_id(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "i-",
+            "i-0123abc",
+            "i-0123abcde",
+            "i-0123456789abcdef",
+            "i-0123abcg",
+            "I-0123abcd",
+            " i-0123abcd",
+            "i-0123ABCD",
+            "i-0123abcd\n",
+        ] {
+            assert!(!is_instance_id(bad), "{bad:?}");
+        }
     }
 
     #[test]

@@ -83,9 +83,28 @@ pub enum ClientError {
     /// The endpoint is not an `http(s)://host[:port][/]` URL.
     #[error("EC2 endpoint {0:?} is not an http(s) URL without a path or query")]
     BadEndpoint(String),
+    /// A plain `http://` endpoint that is not on this host: the signed requests and the
+    /// session token would cross the network in clear text.
+    #[error(
+        "EC2 endpoint {0:?} is plain http to a host other than loopback: requests carry the signature and the session token in clear text; use https:// (plain http is allowed only to 127.0.0.0/8, ::1 and localhost, for test peers)"
+    )]
+    PlainHttp(String),
     /// The system's trust roots could not be loaded.
     #[error("cannot load the system's TLS trust roots: {0}")]
     TlsRoots(#[source] std::io::Error),
+}
+
+/// Whether `host` (as in a URL: IPv6 in brackets) names this host: `localhost`,
+/// 127.0.0.0/8 or `::1`.
+pub fn is_loopback_host(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    bare.eq_ignore_ascii_case("localhost")
+        || bare
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The regional EC2 endpoint for `region`.
@@ -132,6 +151,9 @@ impl Ec2Client {
             && matches!(uri.path(), "" | "/");
         if !plain_origin {
             return Err(ClientError::BadEndpoint(endpoint));
+        }
+        if uri.scheme_str() == Some("http") && !uri.host().is_some_and(is_loopback_host) {
+            return Err(ClientError::PlainHttp(endpoint));
         }
         let timeouts = sdk.timeout_config();
         let connect_timeout = timeouts
@@ -343,8 +365,13 @@ pub fn parse_error(xml: &str) -> (Option<String>, Option<String>) {
     (child_text(error, "Code"), child_text(error, "Message"))
 }
 
-/// The attachment state in a `DetachVolume` answer (`<status>`), if any.
-pub fn parse_detach(xml: &str) -> Result<Option<String>, String> {
+/// The attachment state in a `DetachVolume` answer (`<status>`), if any. An answer
+/// naming another volume or instance than the ones asked about is malformed.
+pub fn parse_detach(
+    xml: &str,
+    volume_id: &str,
+    instance_id: &str,
+) -> Result<Option<String>, String> {
     let doc = roxmltree::Document::parse(xml).map_err(|e| e.to_string())?;
     let root = doc.root_element();
     if !root.has_tag_name("DetachVolumeResponse") {
@@ -353,10 +380,24 @@ pub fn parse_detach(xml: &str) -> Result<Option<String>, String> {
             root.tag_name().name()
         ));
     }
+    for (tag, asked) in [("volumeId", volume_id), ("instanceId", instance_id)] {
+        if let Some(named) = child_text(root, tag)
+            && named != asked
+        {
+            return Err(format!(
+                "DetachVolumeResponse names {tag} {named:?}, asked for {asked}"
+            ));
+        }
+    }
     Ok(child_text(root, "status"))
 }
 
 /// `volume_id` in a `DescribeVolumes` answer; `None` when the answer does not list it.
+///
+/// Only a complete description is evidence: an item without an `attachmentSet` element
+/// (EC2 always sends one, empty when nothing is attached), an attachment without an
+/// instance id or a state, a volume without a state, or the volume listed twice, is a
+/// malformed answer, never "no attachments".
 pub fn parse_describe(xml: &str, volume_id: &str) -> Result<Option<VolumeView>, String> {
     let doc = roxmltree::Document::parse(xml).map_err(|e| e.to_string())?;
     let root = doc.root_element();
@@ -369,25 +410,34 @@ pub fn parse_describe(xml: &str, volume_id: &str) -> Result<Option<VolumeView>, 
     let Some(set) = child(root, "volumeSet") else {
         return Err("DescribeVolumesResponse without volumeSet".to_owned());
     };
-    let Some(volume) =
-        children(set, "item").find(|v| child_text(*v, "volumeId").as_deref() == Some(volume_id))
-    else {
+    let mut listed =
+        children(set, "item").filter(|v| child_text(*v, "volumeId").as_deref() == Some(volume_id));
+    let Some(volume) = listed.next() else {
         return Ok(None);
     };
-    let attachments = child(volume, "attachmentSet")
-        .map(|s| {
-            children(s, "item")
-                .map(|a| AttachmentView {
-                    instance_id: child_text(a, "instanceId").unwrap_or_default(),
-                    state: child_text(a, "status").unwrap_or_default(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Some(VolumeView {
-        state: child_text(volume, "status").unwrap_or_default(),
-        attachments,
-    }))
+    if listed.next().is_some() {
+        return Err(format!("volume {volume_id} listed more than once"));
+    }
+    let Some(set) = child(volume, "attachmentSet") else {
+        return Err(format!(
+            "volume {volume_id} listed without attachmentSet (its attachments are unknown)"
+        ));
+    };
+    let nonempty = |node, tag| child_text(node, tag).filter(|t| !t.is_empty());
+    let mut attachments = Vec::new();
+    for a in children(set, "item") {
+        let (Some(instance_id), Some(state)) = (nonempty(a, "instanceId"), nonempty(a, "status"))
+        else {
+            return Err(format!(
+                "volume {volume_id}: an attachment without instanceId or status"
+            ));
+        };
+        attachments.push(AttachmentView { instance_id, state });
+    }
+    let Some(state) = nonempty(volume, "status") else {
+        return Err(format!("volume {volume_id} listed without status"));
+    };
+    Ok(Some(VolumeView { state, attachments }))
 }
 
 fn children<'a, 'i>(
@@ -440,7 +490,7 @@ impl Ec2Volumes for Ec2Client {
                     ],
                 )
                 .await?;
-            parse_detach(&xml).map_err(|why| malformed(op, why))
+            parse_detach(&xml, volume_id, instance_id).map_err(|why| malformed(op, why))
         })
     }
 
@@ -453,8 +503,13 @@ impl Ec2Volumes for Ec2Client {
             let xml = self.call(op, &[("VolumeId.1", volume_id)]).await?;
             match parse_describe(&xml, volume_id) {
                 Ok(Some(v)) => Ok(v),
-                // Filtered by id, an answer without it means InvalidVolume.NotFound.
-                Ok(None) => Err(Ec2Error::new(op, Ec2ErrorKind::VolumeNotFound, None)),
+                // Asked by id, EC2 answers InvalidVolume.NotFound for a volume it does not
+                // know; an answer that does not list it is taken the same way: never
+                // "severed", an error the operator sees.
+                Ok(None) => Err(Ec2Error {
+                    message: Some(format!("the answer does not list {volume_id}")),
+                    ..Ec2Error::new(op, Ec2ErrorKind::VolumeNotFound, None)
+                }),
                 Err(why) => Err(malformed(op, why)),
             }
         })
@@ -498,9 +553,13 @@ mod tests {
   <status>detaching</status>
   <attachTime>2008-05-07T12:51:50.000Z</attachTime>
 </DetachVolumeResponse>"#;
-        assert_eq!(parse_detach(xml).unwrap().as_deref(), Some("detaching"));
-        assert!(parse_detach("<Other/>").is_err());
-        assert!(parse_detach("not xml").is_err());
+        let parse = |xml| parse_detach(xml, "vol-1234567890abcdef0", "i-1234567890abcdef0");
+        assert_eq!(parse(xml).unwrap().as_deref(), Some("detaching"));
+        assert!(parse("<Other/>").is_err());
+        assert!(parse("not xml").is_err());
+        // An answer about another attachment is not an answer to ours.
+        let other = xml.replace("i-1234567890abcdef0", "i-0000000000000000f");
+        assert!(parse(&other).unwrap_err().contains("instanceId"));
     }
 
     #[test]
@@ -542,6 +601,108 @@ mod tests {
         let other = parse_describe(xml, "vol-other").unwrap().unwrap();
         assert!(other.attachments.is_empty());
         assert!(parse_describe("<DescribeVolumesResponse/>", "vol-1").is_err());
+    }
+
+    /// Absence of evidence is not evidence: every incomplete description of the volume
+    /// is an error, never an empty attachment list.
+    #[test]
+    fn incomplete_describe_answers_are_malformed() {
+        let answer = |item: &str| {
+            format!(
+                "<DescribeVolumesResponse><volumeSet>{item}</volumeSet></DescribeVolumesResponse>"
+            )
+        };
+        let att = "<item><volumeId>vol-1</volumeId><instanceId>i-a</instanceId><status>attached</status></item>";
+        let ok = answer(&format!(
+            "<item><volumeId>vol-1</volumeId><status>in-use</status><attachmentSet>{att}</attachmentSet></item>"
+        ));
+        assert_eq!(
+            parse_describe(&ok, "vol-1")
+                .unwrap()
+                .unwrap()
+                .attachments
+                .len(),
+            1
+        );
+        let empty = answer(
+            "<item><volumeId>vol-1</volumeId><status>available</status><attachmentSet/></item>",
+        );
+        assert!(
+            parse_describe(&empty, "vol-1")
+                .unwrap()
+                .unwrap()
+                .attachments
+                .is_empty()
+        );
+        let cases = [
+            // No attachmentSet element at all.
+            answer("<item><volumeId>vol-1</volumeId><status>in-use</status></item>"),
+            // An attachment without its instance, or without its state.
+            answer(
+                "<item><volumeId>vol-1</volumeId><status>in-use</status><attachmentSet>\
+                 <item><status>attached</status></item></attachmentSet></item>",
+            ),
+            answer(
+                "<item><volumeId>vol-1</volumeId><status>in-use</status><attachmentSet>\
+                 <item><instanceId>i-a</instanceId><status> </status></item></attachmentSet></item>",
+            ),
+            // No volume state.
+            answer(&format!(
+                "<item><volumeId>vol-1</volumeId><attachmentSet>{att}</attachmentSet></item>"
+            )),
+            // Listed twice (which one is true?).
+            answer(&format!(
+                "<item><volumeId>vol-1</volumeId><status>available</status><attachmentSet/></item>\
+                 <item><volumeId>vol-1</volumeId><status>in-use</status><attachmentSet>{att}</attachmentSet></item>"
+            )),
+            // Truncated.
+            ok[..ok.len() / 2].to_owned(),
+        ];
+        for xml in &cases {
+            assert!(parse_describe(xml, "vol-1").is_err(), "accepted: {xml}");
+        }
+    }
+
+    #[test]
+    fn plain_http_only_to_loopback() {
+        for host in ["127.0.0.1", "127.1.2.3", "[::1]", "localhost", "LOCALHOST"] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "10.0.0.1",
+            "example.com",
+            "127.0.0.1.example.com",
+            "[::2]",
+            "0.0.0.0",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+        let sdk = |url: &str| {
+            aws_config::SdkConfig::builder()
+                .region(aws_config::Region::new("us-east-1"))
+                .endpoint_url(url)
+                .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
+                    "a", "b", None, None, "test",
+                )))
+                .build()
+        };
+        for ok in [
+            "http://127.0.0.1:5000",
+            "http://localhost:5000/",
+            "http://[::1]:9",
+            "https://vpce.example",
+        ] {
+            assert!(Ec2Client::new(&sdk(ok)).is_ok(), "{ok}");
+        }
+        for bad in [
+            "http://ec2.us-east-1.amazonaws.com",
+            "http://10.1.2.3:80",
+            "http://127.0.0.1.nip.io",
+        ] {
+            let e = Ec2Client::new(&sdk(bad)).unwrap_err();
+            assert!(matches!(e, ClientError::PlainHttp(_)), "{bad}: {e}");
+            assert!(e.to_string().contains("clear text"), "{e}");
+        }
     }
 
     #[test]
