@@ -448,8 +448,8 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
     assert!(log.contains("etcd refuses this node's writes"), "{log}");
     // And b fenced it once its lease expired.
     let node_a = fenced::NodeId::new("a").unwrap();
-    let logs = || format!("--- b\n{}", b.log());
-    wait_for("b fenced a", Duration::from_secs(30), logs, async || {
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for("b fenced a", Duration::from_secs(40), logs, async || {
         ops.generation(&node_a).await.is_ok_and(|(g, _)| g == 1)
     })
     .await;
