@@ -58,6 +58,9 @@ enum Cmd {
     /// fenced since its last membership is reported ("already fenced at generation
     /// G", exit 0) and not bumped again.
     Attest(ops::attest::AttestArgs),
+    /// Approve another operator's pending `fenced attest --approvals 2` of NODE (as a
+    /// different identity, with your own reason).
+    Approve(ops::attest::ApproveArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart)
     /// over its control socket; no process is signalled.
     Leave(ops::leave::LeaveArgs),
@@ -108,6 +111,7 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Check(args) => ops::check::check(args).await?,
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
+        Cmd::Approve(args) => ops::attest::approve(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
         Cmd::EtcdRoles(args) => ops::roles::etcd_roles(args).await?,
     })

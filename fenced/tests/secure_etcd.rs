@@ -625,3 +625,148 @@ async fn attest_needs_the_operator_role_and_records_the_authenticated_identity()
     assert!(rec.contains("alice"), "{rec}");
     assert!(!rec.contains("mallory"), "{rec}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_person_attest_waits_for_a_second_distinct_operator() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("alice", None, &["fenced-operator"]).await;
+    sec.add_user("bob", None, &["fenced-operator"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut a = sec.args(n);
+        a.extend(["--role".to_owned(), "agent".to_owned()]);
+        a
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("alice", ROOT).await.expect("alice's store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+    b.kill();
+    wait_for(
+        "b's lease expired",
+        Duration::from_secs(20),
+        String::new,
+        async || {
+            ops.status()
+                .await
+                .is_ok_and(|s| !s.members.iter().any(|(m, _)| m == "b"))
+        },
+    )
+    .await;
+    let node_b = fenced::NodeId::new("b").unwrap();
+    let attest = |timeout: &str| {
+        let mut c = fenced();
+        c.args([
+            "attest",
+            "--root",
+            ROOT,
+            "--node-id",
+            "b",
+            "--approvals",
+            "2",
+        ])
+        .args(["--approval-timeout-secs", timeout])
+        .args(["--reason", "alice: powered off at the PDU"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("alice"))
+        .env_remove("FENCED_NODE_ID");
+        c
+    };
+    let approve = |cn: &str| {
+        fenced()
+            .args(["approve", "--root", ROOT, "--node-id", "b"])
+            .args(["--reason", &format!("{cn}: saw it dark on the BMC")])
+            .args(["--etcd-endpoints", &ep])
+            .args(sec.args(cn))
+            .output()
+            .unwrap()
+    };
+    // No approval in time: nothing fenced.
+    let t0 = Instant::now();
+    let o = attest("2").output().unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("no approval of b's fence by a second operator"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 0);
+    // Nothing pending: approve refuses.
+    let o = approve("bob");
+    assert!(
+        !o.status.success() && stderr(&o).contains("awaits approval"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Alice requests; she cannot approve herself; Bob approves; the fence happens.
+    let mut pending = attest("60")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "alice's request",
+        Duration::from_secs(20),
+        String::new,
+        async || ops.approvals(&node_b).await.is_ok_and(|a| !a.is_empty()),
+    )
+    .await;
+    let o = approve("alice");
+    assert!(!o.status.success(), "alice approved her own request");
+    assert!(stderr(&o).contains("distinct operator"), "{}", stderr(&o));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        ops.generation(&node_b).await.unwrap().0,
+        0,
+        "fenced on one approval"
+    );
+    let o = approve("bob");
+    assert!(o.status.success(), "bob: {}", stderr(&o));
+    let out = tokio::task::spawn_blocking(move || pending.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "attest: {}", stderr(&out));
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 1);
+    let rec = ops
+        .audit_records(&node_b)
+        .await
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    for s in [
+        "alice+bob",
+        "alice: powered off at the PDU",
+        "bob: saw it dark on the BMC",
+    ] {
+        assert!(rec.contains(s), "{s:?} not in {rec}");
+    }
+    assert!(
+        ops.approvals(&node_b).await.unwrap().is_empty(),
+        "request left behind"
+    );
+}

@@ -27,6 +27,7 @@ use tokio::sync::Mutex;
 
 use crate::keys::Keys;
 
+mod approvals;
 mod arenas;
 mod error;
 mod fence;
@@ -37,6 +38,7 @@ pub mod roles;
 mod security;
 mod view;
 
+pub use approvals::Approval;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::probe_endpoints;
