@@ -723,7 +723,7 @@ async fn two_person_attest_waits_for_a_second_distinct_operator() {
     );
 
     // Alice requests; she cannot approve herself; Bob approves; the fence happens.
-    let mut pending = attest("60")
+    let pending = attest("60")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
