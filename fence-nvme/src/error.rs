@@ -8,7 +8,7 @@ use std::path::PathBuf;
 
 use nvme_resv::{InvalidNodeId, Key, ReservationType};
 
-use crate::options::Action;
+use crate::action::Action;
 
 /// Why an action could not be done or confirmed.
 #[derive(Debug, thiserror::Error)]

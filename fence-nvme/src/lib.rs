@@ -12,6 +12,7 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod action;
 pub mod agent;
 pub mod error;
 pub mod metadata;

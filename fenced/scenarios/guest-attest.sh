@@ -14,6 +14,8 @@
 #      n2's arena returns to the free pool in the same transaction
 #   6. a second attest: "already fenced at generation 1", nothing written
 # Run from the host:
+#   fenced/scenarios/run-guest-scenario.sh guest-attest.sh
+# (or by hand:)
 #   cargo build -p fenced --bin fenced
 #   hwtests/guest/run --scenario fenced/scenarios/guest-attest.sh \
 #     --add "$(command -v etcd)=/usr/local/bin/etcd" \

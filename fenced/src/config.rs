@@ -252,6 +252,12 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     pub log_json: bool,
+    /// Run with reservations on a namespace that reports neither an NGUID nor an
+    /// EUI-64. Without either, fenced cannot tell the shared namespace from another
+    /// namespace of the same subsystem (only the subsystem NQN is compared), so it
+    /// refuses unless told. Command line / env only, on purpose.
+    #[arg(long, env = "FENCED_ALLOW_UNIDENTIFIED_NAMESPACE")]
+    pub allow_unidentified_namespace: bool,
 }
 
 /// A configuration that cannot be used; each says which setting and what to change.
@@ -642,6 +648,7 @@ pub struct Settings {
     /// `None`: no control socket (leave by SIGTERM only).
     pub control_socket: Option<PathBuf>,
     pub log_json: bool,
+    pub allow_unidentified_namespace: bool,
 }
 
 impl Settings {
@@ -802,6 +809,7 @@ impl Settings {
             pid_file: cli.pid_file.clone(),
             control_socket,
             log_json: cli.log_json,
+            allow_unidentified_namespace: cli.allow_unidentified_namespace,
         })
     }
 }
@@ -1143,6 +1151,80 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().starts_with("invalid node id \"a/b\""), "{e}");
+    }
+
+    /// The commented example installed as /etc/fenced/fenced.toml.
+    const EXAMPLE: &str = include_str!("../../packaging/fenced.toml");
+
+    /// The example's `# key = value` lines, uncommented.
+    fn example_assignments() -> Vec<&'static str> {
+        EXAMPLE
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                l.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_example_config_parses_as_shipped_and_with_every_key_set() {
+        let path = Path::new("packaging/fenced.toml");
+        assert_eq!(
+            parse_file(path, EXAMPLE).unwrap(),
+            Layer::default(),
+            "shipped with every key commented out"
+        );
+        let all = example_assignments().join("\n");
+        // A misspelt key or a value of the wrong type fails here, naming the key.
+        let f = parse_file(path, &all).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.node_id.as_deref(), Some("db1"));
+        if cfg!(feature = "ebs") {
+            let s = Settings::resolve(&cli(&[]), f).unwrap_or_else(|e| panic!("{e}"));
+            // "Keys left commented out take the default shown."
+            assert_eq!(s.etcd.endpoints, [defaults::ETCD_ENDPOINT]);
+            assert_eq!(s.etcd.root, defaults::ROOT);
+            assert_eq!(s.ttl, Duration::from_secs(defaults::TTL_SECS));
+            assert_eq!(
+                s.self_fence_margin,
+                defaults::SELF_FENCE_MARGIN_TTLS * s.ttl
+            );
+            assert_eq!(s.claim_ttl, Duration::from_secs(defaults::CLAIM_TTL_SECS));
+            assert_eq!(s.sweep, Duration::from_secs(defaults::SWEEP_SECS));
+            assert_eq!(s.arenas, defaults::ARENAS);
+            assert_eq!(s.preempt, PreemptMode::PreemptAndAbort);
+            assert_eq!(s.fencer, FencerKind::Nvme);
+        }
+    }
+
+    #[test]
+    fn the_example_config_shows_every_key() {
+        // The parser's own list of the keys it accepts, from its unknown-key message
+        // ("unknown field `x`, expected one of `a`, `b`, ...").
+        let e = file("not_a_key = 1").unwrap_err();
+        let ConfigError::Key { message, .. } = &e else {
+            panic!("{e}");
+        };
+        let expected = message
+            .split_once("expected one of ")
+            .unwrap_or_else(|| panic!("no key list in {message:?}"))
+            .1;
+        let keys: Vec<&str> = expected.split(", ").map(|k| k.trim_matches('`')).collect();
+        assert!(
+            keys.contains(&"node_id") && keys.contains(&"root"),
+            "{keys:?}"
+        );
+        let shown: Vec<&str> = example_assignments()
+            .iter()
+            .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))
+            .collect();
+        let missing: Vec<&&str> = keys.iter().filter(|k| !shown.contains(k)).collect();
+        assert!(
+            missing.is_empty(),
+            "packaging/fenced.toml does not show {missing:?}: add a commented `# key = value` line for each"
+        );
     }
 
     #[test]

@@ -265,7 +265,7 @@ impl Controller<EtcdStore> {
                         continue;
                     };
                     if self.cfg.own_node.as_ref() == Some(&node) {
-                        tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: left to the agent (self-fence) and the peers");
+                        tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: our agent self-fences (it watches its key), the peers fence us");
                         continue;
                     }
                     // Anyone with write access to etcd may have put anything there:

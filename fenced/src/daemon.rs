@@ -9,9 +9,10 @@ use std::time::{Duration, Instant};
 
 use fenced::agent::{Agent, AgentConfig, AgentError, AgentExit};
 use fenced::controller::{Controller, ControllerConfig};
-use fenced::fencer::{Device, Fencer, NoneFencer, NvmeFencer};
+use fenced::fencer::{Device, Fencer, NamespaceCheck, NoneFencer, NvmeFencer};
 use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
+use nvme_resv::NamespaceIdentity;
 
 use crate::config::{EtcdSettings, FencerKind, Role, Settings, file_kind};
 use crate::control::{ControlError, ControlSocket, Outcome, PidFile};
@@ -60,6 +61,23 @@ pub enum ConnectError {
 pub enum DaemonError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
+    /// `--block-device` does not resolve (missing, a dangling link): the OS cause
+    /// follows as the source.
+    #[error("cannot open {}", path.display())]
+    ResolveDevice {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "{} ({}) reports neither an NGUID nor an EUI-64 ({identity}): fenced cannot tell it from another namespace of its subsystem, so it cannot check that every node and controller uses the same namespace. Give the namespace an NGUID (nvmet: configfs device_nguid) or, knowing the risk, pass --allow-unidentified-namespace",
+        path.display(), device.display()
+    )]
+    UnidentifiedNamespace {
+        path: PathBuf,
+        device: PathBuf,
+        identity: NamespaceIdentity,
+    },
     #[error("{}", open_message(path, source))]
     OpenDevice {
         path: PathBuf,
@@ -216,25 +234,63 @@ fn open_message(path: &Path, source: &nvme_resv::Error) -> String {
     }
 }
 
-/// Opens the shared namespace and checks that it supports reservations (also used by
-/// `fenced attest --block-device`).
-pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
-    let ns = nvme_resv::Namespace::open(path).map_err(|source| DaemonError::OpenDevice {
+/// Opens `path` resolved (a `/dev/disk/by-id/` link names the same namespace across
+/// boots) and checks that it supports reservations. Returns the namespace and the
+/// device node the path resolved to.
+fn open_reservations(path: &Path) -> Result<(nvme_resv::Namespace, PathBuf), DaemonError> {
+    let device = std::fs::canonicalize(path).map_err(|source| DaemonError::ResolveDevice {
         path: path.to_owned(),
         source,
     })?;
+    let ns = nvme_resv::Namespace::open(&device).map_err(|source| DaemonError::OpenDevice {
+        path: device.clone(),
+        source,
+    })?;
     let caps = ns.capabilities().map_err(|source| DaemonError::Identify {
-        path: path.to_owned(),
+        path: device.clone(),
         source,
     })?;
     if !caps.reservations {
         return Err(DaemonError::NoReservations {
-            path: path.to_owned(),
+            path: device,
             oncs: caps.oncs_reservations,
             rescap: caps.rescap,
         });
     }
-    Ok(Arc::new(ns))
+    Ok((ns, device))
+}
+
+/// Opens a namespace that supports reservations (`fenced attest --block-device`).
+pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
+    open_reservations(path).map(|(ns, _)| Arc::new(ns) as Device)
+}
+
+/// Opens the shared namespace ([`open_reservations`]; both names are logged) and reads
+/// its identity for the join and fence checks: one without NGUID or EUI-64 is refused
+/// unless `allow_unidentified`.
+fn open_shared_namespace(
+    path: &Path,
+    allow_unidentified: bool,
+) -> Result<(Device, NamespaceIdentity), DaemonError> {
+    let (ns, device) = open_reservations(path)?;
+    let identity = ns
+        .namespace_identity()
+        .map_err(|source| DaemonError::Identify {
+            path: device.clone(),
+            source,
+        })?;
+    if !identity.is_identified() {
+        if !allow_unidentified {
+            return Err(DaemonError::UnidentifiedNamespace {
+                path: path.to_owned(),
+                device,
+                identity,
+            });
+        }
+        tracing::warn!(block_device = %path.display(), device = %device.display(), namespace = %identity, "--allow-unidentified-namespace: the namespace reports no NGUID or EUI-64; only its subsystem NQN is checked, another namespace of the same subsystem would pass");
+    }
+    tracing::info!(block_device = %path.display(), device = %device.display(), nsid = ns.nsid(), namespace = %identity, "shared namespace device");
+    Ok((Arc::new(ns), identity))
 }
 
 /// With `--ebs-volume-id`: the EBS fencer, and the instance id to join with, checked
@@ -354,11 +410,14 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     // With EBS: the instance id is checked against the volume's attachments (EC2 reads
     // only), still before anything is written.
     let (instance, ebs) = ebs_join(&s).await?;
-    let device = match (s.fencer, &s.block_device) {
+    let (device, namespace) = match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
         // (gp3 and older io2 attachments have none).
-        (FencerKind::Ebs, _) | (_, None) => None,
-        (_, Some(p)) => Some(open_device(p)?),
+        (FencerKind::Ebs, _) | (_, None) => (None, None),
+        (_, Some(p)) => {
+            let (d, id) = open_shared_namespace(p, s.allow_unidentified_namespace)?;
+            (Some(d), Some(id))
+        }
     };
     let own_key = nvme_resv::key_for_node(s.node.as_str());
     let mut store_opts = StoreOptions::for_lease_ttl(s.ttl);
@@ -378,10 +437,14 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             return Ok(ExitCode::SUCCESS);
         }
     };
-    let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device) {
-        (FencerKind::Nvme, Some(d)) => {
-            Some(Arc::new(NvmeFencer::new(d.clone(), own_key, s.preempt)))
-        }
+    let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device, &namespace) {
+        (FencerKind::Nvme, Some(d), Some(id)) => Some(Arc::new(
+            // Every fence identifies the device again and compares it with the record.
+            NvmeFencer::new(d.clone(), own_key, s.preempt).with_namespace(NamespaceCheck {
+                joined: id.clone(),
+                record: Some(Arc::new(store.clone())),
+            }),
+        )),
         _ => None,
     };
     let fencer = with_ebs(nvme, ebs, &store);
@@ -425,6 +488,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     cfg.self_fence_margin = s.self_fence_margin;
     cfg.arenas = s.arenas;
     cfg.watchdog_device = s.watchdog_device;
+    cfg.namespace = namespace;
     let agent = Agent::start(store.clone(), cfg, device, own_key)
         .await
         .map_err(|source| DaemonError::Agent { source })?;

@@ -13,6 +13,8 @@
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
 //! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
 //! <root>/instance/<node>              instance id the node last joined with
+//! <root>/namespace                    create-only, JSON identity of the shared
+//!                                     namespace (NGUID, EUI-64, subsystem NQN)
 //! ```
 //!
 //! Everything read back from etcd is decoded by the functions here (`decode_*` and
@@ -260,6 +262,12 @@ impl Keys {
     /// The root, ending in `/`.
     pub fn root(&self) -> &str {
         &self.root
+    }
+
+    /// `namespace`: the identity of the shared namespace, recorded by the first join
+    /// (create-only).
+    pub fn namespace(&self) -> String {
+        format!("{}namespace", self.root)
     }
 
     node_key!(

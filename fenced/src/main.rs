@@ -9,12 +9,13 @@
 mod config;
 mod control;
 mod daemon;
+mod generate;
 mod logging;
 mod ops;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{ConfigError, RunArgs, Settings};
 use crate::daemon::DaemonError;
@@ -68,6 +69,9 @@ enum Cmd {
     /// controller role, an operator role) as etcdctl commands; --apply creates them
     /// (and a certificate-identified user per node) through etcd's auth API.
     EtcdRoles(ops::roles::RolesArgs),
+    /// Man pages and shell completions, for packaging.
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Why a command failed; printed as one line `fenced: ...` with its causes.
@@ -81,6 +85,8 @@ enum Error {
     Op(#[from] OpError),
     #[error(transparent)]
     Leave(#[from] ops::leave::LeaveError),
+    #[error(transparent)]
+    Generate(#[from] generate::GenerateError),
 }
 
 /// The error and its causes on one line; a cause already quoted by the message
@@ -114,6 +120,10 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Approve(args) => ops::attest::approve(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
         Cmd::EtcdRoles(args) => ops::roles::etcd_roles(args).await?,
+        Cmd::Generate(args) => {
+            generate::generate(args, Cli::command())?;
+            ExitCode::SUCCESS
+        }
     })
 }
 

@@ -134,6 +134,50 @@ fn nvme_fencer_on_a_device_without_reservations_is_refused() {
     assert!(stderr(&o).contains("--fencer nvme needs --block-device"));
 }
 
+#[test]
+fn block_device_links_are_resolved_and_missing_paths_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::write(&file, vec![0u8; 4096]).unwrap();
+    // A /dev/disk/by-id style link: the error names the device it resolves to.
+    let link = dir.path().join("nvme-eui.0011");
+    std::os::unix::fs::symlink(&file, &link).unwrap();
+    let run = |dev: &Path| {
+        fenced()
+            .args([
+                "run",
+                "--fencer",
+                "nvme",
+                "--node-id",
+                "n1",
+                "--block-device",
+            ])
+            .arg(dev)
+            .output()
+            .unwrap()
+    };
+    let o = run(&link);
+    let e = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        e.starts_with(&format!(
+            "fenced: cannot open {}",
+            file.canonicalize().unwrap().display()
+        )),
+        "{e}"
+    );
+    let o = run(&dir.path().join("nvme-gone"));
+    let e = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        e.starts_with(&format!(
+            "fenced: cannot open {}: No such file or directory",
+            dir.path().join("nvme-gone").display()
+        )),
+        "{e}"
+    );
+}
+
 struct Daemon(Child);
 
 impl Drop for Daemon {

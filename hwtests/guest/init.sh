@@ -5,7 +5,8 @@
 # enabled) and namespace 2 (reservations NOT enabled), both backed by files on tmpfs, a
 # loop port, and $NHOSTS loop "hosts" (distinct host NQN and host ID) connected to it.
 # With HWTEST_RESV_NAMESPACES=2 (run --resv-namespaces 2) also namespace 3, a second
-# reservation-capable one, exported per host as HWTEST_NVME_HOSTS2.
+# reservation-capable one, exported per host as HWTEST_NVME_HOSTS2. Namespace n has the
+# NGUID fe0ced00000040008000 followed by 00000000000n.
 # Then exports the device paths and runs /scenario/run.sh; prints the result marker and
 # powers off. Every line here goes to the serial console, which the host keeps as a log.
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -69,6 +70,11 @@ for nsid in $nsids; do
   truncate -s "$NS_SIZE" "/tmp/ns$nsid.img" || fail "backing file $nsid"
   mkdir "$S/namespaces/$nsid" || fail "mkdir namespace $nsid"
   echo -n "/tmp/ns$nsid.img" >"$S/namespaces/$nsid/device_path" || fail "device_path $nsid"
+  # A distinct NGUID per namespace (Identify Namespace bytes 119:104), as real devices
+  # report one: fenced identifies the shared namespace by it (nvmet's default is zero).
+  # Like resv_enable, only writable while the namespace is disabled.
+  echo "fe0ced00-0000-4000-8000-00000000000$nsid" >"$S/namespaces/$nsid/device_nguid" \
+    || fail "device_nguid $nsid"
   if [ "$nsid" != 2 ]; then
     # Must precede enable: nvmet refuses resv_enable on an enabled namespace (EINVAL).
     echo 1 >"$S/namespaces/$nsid/resv_enable" || fail "resv_enable (kernel too old? needs >= 6.13)"

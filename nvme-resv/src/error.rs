@@ -4,6 +4,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+use crate::identity::IdentifyError;
 use crate::status::NvmeStatus;
 
 /// Result alias.
@@ -165,6 +166,24 @@ pub enum Error {
         /// What was wrong.
         #[source]
         source: ReportError,
+    },
+    /// Identify data could not be decoded.
+    #[error("{op} on namespace {nsid}: invalid identify data")]
+    InvalidIdentify {
+        /// The Identify command whose data was bad.
+        op: Operation,
+        /// Namespace ID.
+        nsid: u32,
+        /// What was wrong.
+        #[source]
+        source: IdentifyError,
+    },
+    /// This handle cannot perform the operation (a [`crate::Reservations`]
+    /// implementation without it).
+    #[error("{op} is not supported by this device handle")]
+    Unsupported {
+        /// The operation.
+        op: Operation,
     },
 }
 

@@ -9,7 +9,8 @@
 //!
 //! The API is split so that everything that can be checked without hardware is:
 //! [`cmd`] holds the pure command encoders, [`report`] the report parser, [`status`]
-//! the NVMe status decoding, [`model`] an in-memory model of the specification's
+//! the NVMe status decoding, [`identity`] the namespace identifiers (NGUID, EUI-64,
+//! subsystem NQN) from Identify data, [`model`] an in-memory model of the specification's
 //! reservation rules. [`Namespace`] is the real device; [`Reservations`] is the trait
 //! both the device and the model implement. [`node`] holds the rule for valid node ids
 //! ([`NodeId`]) and [`raw`] any other passthrough command through a safe function.
@@ -52,6 +53,7 @@
 
 pub mod cmd;
 mod error;
+pub mod identity;
 pub mod model;
 pub mod namespace;
 pub mod node;
@@ -66,6 +68,7 @@ use std::hash::Hasher;
 
 pub use cmd::{Acquire, AcquireAction, Cptpl, Register, RegisterAction, Release, ReleaseAction};
 pub use error::{Error, Operation, ReportError, Result};
+pub use identity::{IdentifyError, NamespaceId, NamespaceIdentity};
 pub use namespace::{Capabilities, Namespace, ReportFormat};
 pub use node::{InvalidNodeId, NodeId};
 pub use report::{RegisteredController, ReservationStatus};
@@ -228,6 +231,14 @@ pub trait Reservations {
     fn release(&self, cmd: &Release) -> Result<()>;
     /// Reservation Report, every registrant included.
     fn report(&self) -> Result<ReservationStatus>;
+    /// Which namespace this is ([`NamespaceIdentity`]: NGUID, EUI-64, subsystem NQN).
+    /// The default answers [`Error::Unsupported`]: a handle that cannot identify its
+    /// namespace must not be taken for any particular one.
+    fn identity(&self) -> Result<NamespaceIdentity> {
+        Err(Error::Unsupported {
+            op: Operation::IdentifyNamespace,
+        })
+    }
 }
 
 /// Forwarding through references and smart pointers, so that `&T`, `Box<dyn
@@ -246,6 +257,9 @@ macro_rules! forward_reservations {
             }
             fn report(&self) -> Result<ReservationStatus> {
                 (**self).report()
+            }
+            fn identity(&self) -> Result<NamespaceIdentity> {
+                (**self).identity()
             }
         }
     )*};

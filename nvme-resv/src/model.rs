@@ -44,6 +44,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::error::{Error, Operation, Result};
+use crate::identity::NamespaceIdentity;
 use crate::report::{RegisteredController, ReservationStatus};
 use crate::status::NvmeStatus;
 use crate::{
@@ -67,6 +68,7 @@ struct State {
     /// The holder record's host and the reservation type.
     holder: Option<(HostId, ReservationType)>,
     faults: Vec<(Operation, NvmeStatus)>,
+    identity: NamespaceIdentity,
 }
 
 fn conflict() -> NvmeStatus {
@@ -343,6 +345,12 @@ impl Namespace {
         self.lock().faults.push((op, status));
     }
 
+    /// Sets what [`Reservations::identity`] answers for every host (default: all zero,
+    /// empty subsystem NQN: no identity).
+    pub fn set_identity(&self, identity: NamespaceIdentity) {
+        self.lock().identity = identity;
+    }
+
     /// Drops every pending injected fault.
     pub fn clear_faults(&self) {
         self.lock().faults.clear();
@@ -431,6 +439,10 @@ impl Reservations for Host {
             }),
             None => Ok(st.report()),
         }
+    }
+
+    fn identity(&self) -> Result<NamespaceIdentity> {
+        Ok(self.ns.lock().identity.clone())
     }
 }
 

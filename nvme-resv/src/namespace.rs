@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cmd::{self, opcode};
 use crate::error::{Error, Operation, ReportError, Result};
+use crate::identity::NamespaceIdentity;
 use crate::raw::{Command, Data, Queue};
 use crate::report::{self, EXTENDED_ENTRY_LEN, EXTENDED_HEADER_LEN};
 use crate::status::{Completion, NvmeStatus};
@@ -210,6 +211,31 @@ impl Namespace {
         ))
     }
 
+    /// Which namespace this is: NGUID and EUI-64 from Identify Namespace, the subsystem
+    /// NQN from Identify Controller (layouts in [`crate::identity`]).
+    pub fn namespace_identity(&self) -> Result<NamespaceIdentity> {
+        let ctrl = self.identify(Operation::IdentifyController, 0x01, 0)?;
+        let ns = self.identify(Operation::IdentifyNamespace, 0x00, self.nsid)?;
+        let (nguid, eui64) = crate::identity::parse_namespace_ids(&ns[..]).map_err(|source| {
+            Error::InvalidIdentify {
+                op: Operation::IdentifyNamespace,
+                nsid: self.nsid,
+                source,
+            }
+        })?;
+        let subnqn =
+            crate::identity::parse_subnqn(&ctrl[..]).map_err(|source| Error::InvalidIdentify {
+                op: Operation::IdentifyController,
+                nsid: self.nsid,
+                source,
+            })?;
+        Ok(NamespaceIdentity {
+            nguid,
+            eui64,
+            subnqn,
+        })
+    }
+
     /// Fails with [`Error::NoReservationSupport`] unless the namespace supports
     /// reservations.
     pub fn require_reservations(&self) -> Result<Capabilities> {
@@ -321,6 +347,10 @@ impl Reservations for Namespace {
             c.cdw10(),
             &c.data(),
         )
+    }
+
+    fn identity(&self) -> Result<NamespaceIdentity> {
+        self.namespace_identity()
     }
 
     /// The extended report; if the device refuses the extended structure with Invalid

@@ -42,6 +42,10 @@ pub struct AgentConfig {
     /// unreachable (a partition, an election). The self-fence margin still applies
     /// while leaving: a leave that cannot reach etcd self-fences like a running agent.
     pub leave_timeout: Duration,
+    /// Our device's namespace identity: recorded as the shared namespace at the first
+    /// join, compared at every later join (a different namespace is refused before
+    /// anything is registered). `None`: no check (no reservation device).
+    pub namespace: Option<nvme_resv::NamespaceIdentity>,
 }
 
 impl AgentConfig {
@@ -59,12 +63,15 @@ impl AgentConfig {
             watchdog_device: None,
             join_timeout: Duration::from_secs(30),
             leave_timeout: Duration::from_secs(20),
+            namespace: None,
         }
     }
 }
 
+pub mod identity;
 mod keepalive;
 mod leave;
+mod own_membership;
 
 use keepalive::spawn_keepalive;
 use leave::leave_steps;
@@ -161,6 +168,20 @@ pub enum AgentError {
         #[source]
         source: std::io::Error,
     },
+    /// Our device is not the namespace recorded as the cluster's shared one.
+    #[error(
+        "{node} refuses to join: its device is not the cluster's shared namespace (recorded at {key}: {recorded}; this node's device: {ours}); nothing was registered. Point --block-device at the shared namespace (/dev/disk/by-id/ names do not move between boots)"
+    )]
+    WrongNamespace {
+        /// Our node.
+        node: NodeId,
+        /// The record's key.
+        key: String,
+        /// The recorded namespace.
+        recorded: Box<nvme_resv::NamespaceIdentity>,
+        /// Our device's.
+        ours: Box<nvme_resv::NamespaceIdentity>,
+    },
     /// Our membership was gone before we adopted our arenas: peers will fence us, so
     /// we must not start I/O.
     #[error("membership of {node} lost during start-up (lease expired): not adopting arenas")]
@@ -234,6 +255,9 @@ impl Agent {
             })?),
             None => None,
         };
+        if let Some(ours) = &cfg.namespace {
+            identity::check_namespace(&store, &cfg.node, ours).await?;
+        }
         let lease = store.grant(cfg.ttl).await?;
         let granted_at = Instant::now();
         let (keepalive, renewals) = spawn_keepalive(
@@ -425,10 +449,16 @@ impl Agent {
         let mut tick_wd = tokio::time::interval(Duration::from_millis(100));
         let mut tick_dev = tokio::time::interval(self.cfg.device_check_interval);
         let conflict = self.gate.conflict.clone();
-        tokio::pin!(leave);
+        let lost = own_membership::lost(
+            self.store.clone(),
+            self.cfg.node.clone(),
+            self.joined.membership_rev,
+        );
+        tokio::pin!(leave, lost);
         loop {
             tokio::select! {
                 _ = &mut leave => return self.leave(watchdog, renewals).await,
+                reason = &mut lost => return self.self_fence(reason),
                 _ = conflict.notified() => {
                     return self.self_fence("a write failed with a reservation conflict: this node was fenced".into());
                 }

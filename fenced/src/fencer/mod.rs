@@ -6,6 +6,8 @@
 //!
 //! - [`nvme`]: [`NvmeFencer`] (preempt, then the report must show the victim's key
 //!   gone) and the reservation [`Device`] the agent shares.
+//! - [`identity`]: [`NamespaceCheck`], the check that our device is the recorded
+//!   shared namespace, made before every NVMe preempt.
 //! - [`levels`]: [`FencingLevels`], fencers tried in order until one confirms.
 //! - `ebs` (feature `ebs`): the EBS force-detach fencer.
 //! - Here: the trait, its error, [`NoneFencer`] (single signal) and
@@ -21,6 +23,7 @@ use crate::core::{FenceStep, Victim};
 
 #[cfg(feature = "ebs")]
 pub mod ebs;
+pub mod identity;
 pub mod levels;
 pub mod nvme;
 
@@ -31,6 +34,7 @@ pub use crate::fault::fault_hits;
 // The fail-point engine lives in `crate::fault`; these paths stay for its users.
 pub use crate::fault::{FaultEffect, FaultHit, FaultInjected};
 pub(crate) use crate::fault::{fault, fault_scope};
+pub use identity::{NamespaceCheck, NamespaceRecord};
 pub use levels::{FencingLevels, LevelFailure, LevelFailures};
 pub use nvme::{Device, NvmeFencer, PreemptMode, RESERVATION_TYPE, key_registered};
 
@@ -120,6 +124,30 @@ pub enum FenceCause {
     ControllerNotRegistered {
         /// Our key.
         key: Key,
+    },
+    /// Our device is not the namespace the cluster shares: a preempt there would
+    /// prove nothing about the victim, so none is sent.
+    #[error(
+        "our device is not the cluster's shared namespace (recorded: {expected}; ours: {found}): not preempting there; check --block-device (use a /dev/disk/by-id path)"
+    )]
+    WrongNamespace {
+        /// The recorded namespace.
+        expected: nvme_resv::NamespaceIdentity,
+        /// Our device's.
+        found: nvme_resv::NamespaceIdentity,
+    },
+    /// Identifying our device (to check it is the shared namespace) failed.
+    #[error("cannot identify our device to check it is the shared namespace: {source}")]
+    Identify {
+        /// The device's answer.
+        #[source]
+        source: nvme_resv::Error,
+    },
+    /// The recorded namespace could not be read.
+    #[error("cannot read the recorded shared namespace: {message}")]
+    NamespaceRecord {
+        /// What failed.
+        message: String,
     },
     /// The blocking task that ran a device command panicked or was cancelled.
     #[error("fencer task failed: {source}")]

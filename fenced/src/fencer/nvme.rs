@@ -1,12 +1,15 @@
-//! The NVMe fencer: preempt the victim's registration key, then require the
-//! reservation report to show it gone (NVMe Base Specification 2.0, §8.19).
+//! The NVMe fencer: check that our device is the cluster's namespace, preempt the
+//! victim's registration key, then require the reservation report to show it gone
+//! (NVMe Base Specification 2.0, §8.19).
 
 use std::fmt;
 use std::sync::Arc;
 
-use nvme_resv::{Acquire, AcquireAction, Key, ReservationStatus, ReservationType, Reservations};
+use nvme_resv::{
+    Acquire, AcquireAction, Key, NvmeStatus, ReservationStatus, ReservationType, Reservations,
+};
 
-use super::{BoxFuture, FenceCause, FenceError, Fencer};
+use super::{BoxFuture, FenceCause, FenceError, Fencer, NamespaceCheck};
 use crate::core::{Confirmation, FenceStep, Victim};
 use crate::fault::fault;
 
@@ -50,6 +53,18 @@ pub struct NvmeFencer {
     own_key: Key,
     mode: PreemptMode,
     key_of: fn(&str) -> Key,
+    namespace: Option<NamespaceCheck>,
+}
+
+/// What `sever` sent and what the device answered, for `verify`.
+#[derive(Debug)]
+struct Preempted {
+    /// The action whose answer is `answer`.
+    racqa: AcquireAction,
+    /// Preempt and Abort answered Invalid Field (no abort support): its answer; the
+    /// fencer then sent a plain Preempt.
+    fell_back: Option<nvme_resv::Error>,
+    answer: nvme_resv::Result<()>,
 }
 
 impl fmt::Debug for NvmeFencer {
@@ -70,7 +85,16 @@ impl NvmeFencer {
             own_key,
             mode,
             key_of: nvme_resv::key_for_node,
+            namespace: None,
         }
+    }
+
+    /// Before every preempt, identify the device and require it to be `check`'s
+    /// namespace; otherwise the fence fails at `sever` with
+    /// [`FenceCause::WrongNamespace`] and nothing is sent.
+    pub fn with_namespace(mut self, check: NamespaceCheck) -> Self {
+        self.namespace = Some(check);
+        self
     }
 
     /// Replaces the node-id-to-key function (tests).
@@ -80,22 +104,47 @@ impl NvmeFencer {
     }
 
     /// `sever`: preempt (and abort) the victim's key. The device's answer is kept for
-    /// `verify`, which decides from the report, not from this answer.
-    fn preempt(&self, victim_key: Key) -> Result<nvme_resv::Result<()>, FenceError> {
+    /// `verify`, which decides from the report, not from this answer. A Preempt and
+    /// Abort answered Invalid Field (a controller without abort support; the action is
+    /// optional to implement in that sense) is sent again as a plain Preempt, and the
+    /// fallback is recorded in the evidence.
+    fn preempt(&self, victim_key: Key) -> Result<Preempted, FenceError> {
         if victim_key == self.own_key {
             return Err(FenceError::at(
                 FenceStep::Sever,
                 FenceCause::VictimIsSelf { key: victim_key },
             ));
         }
-        let cmd = Acquire {
-            racqa: self.racqa(),
-            rtype: RESERVATION_TYPE,
-            crkey: self.own_key,
-            prkey: victim_key,
-            iekey: false,
+        let send = |racqa| {
+            self.device.acquire(&Acquire {
+                racqa,
+                rtype: RESERVATION_TYPE,
+                crkey: self.own_key,
+                prkey: victim_key,
+                iekey: false,
+            })
         };
-        Ok(self.device.acquire(&cmd))
+        let racqa = self.racqa();
+        let answer = send(racqa);
+        match answer {
+            Err(e)
+                if racqa == AcquireAction::PreemptAndAbort
+                    && e.status()
+                        .is_some_and(|s| s.same_code(NvmeStatus::INVALID_FIELD)) =>
+            {
+                tracing::warn!(step = "sever", key = format_args!("{:#x}", victim_key.0), answer = %e, "Preempt and Abort answered Invalid Field (no abort support?): falling back to Preempt; the victim's commands already in flight are not aborted");
+                Ok(Preempted {
+                    racqa: AcquireAction::Preempt,
+                    fell_back: Some(e),
+                    answer: send(AcquireAction::Preempt),
+                })
+            }
+            answer => Ok(Preempted {
+                racqa,
+                fell_back: None,
+                answer,
+            }),
+        }
     }
 
     fn racqa(&self) -> AcquireAction {
@@ -108,18 +157,18 @@ impl NvmeFencer {
     /// `verify`: re-read the report whatever the preempt said. A preempt that reports
     /// success while the registration survives is a failed fence, and a preempt of a
     /// key that is already absent (a retry) is a conflict but a confirmed fence.
-    fn verify(
-        &self,
-        victim_key: Key,
-        preempt: nvme_resv::Result<()>,
-    ) -> Result<Confirmation, FenceError> {
-        let racqa = self.racqa();
+    fn verify(&self, victim_key: Key, preempt: Preempted) -> Result<Confirmation, FenceError> {
+        let Preempted {
+            racqa,
+            fell_back,
+            answer,
+        } = preempt;
         let report = self
             .device
             .report()
             .map_err(|source| FenceError::at(FenceStep::Verify, FenceCause::Report { source }))?;
         if report.is_registered(victim_key) {
-            return Err(match preempt {
+            return Err(match answer {
                 Err(source) => FenceError::at(
                     FenceStep::Sever,
                     FenceCause::Preempt {
@@ -146,10 +195,15 @@ impl NvmeFencer {
                 FenceCause::ControllerNotRegistered { key: self.own_key },
             ));
         }
-        let how = match preempt {
+        let mut how = match answer {
             Ok(()) => format!("{racqa:?}"),
             Err(e) => format!("already absent ({racqa:?} answered: {e})"),
         };
+        if let Some(e) = fell_back {
+            how = format!(
+                "{how} (fallback: PreemptAndAbort answered {e}; commands in flight not aborted)"
+            );
+        }
         Ok(Confirmation {
             fencer: "nvme".to_owned(),
             severed: true,
@@ -172,6 +226,19 @@ impl Fencer for NvmeFencer {
         Box::pin(async move {
             let lost = |step, source| FenceError::at(step, FenceCause::Task { source });
             // (`fence::sever` is the controller's: it decides whether to sever at all.)
+            if let Some(check) = &self.namespace {
+                let device = self.device.clone();
+                let found = tokio::task::spawn_blocking(move || device.identity())
+                    .await
+                    .map_err(|e| lost(FenceStep::Sever, e))?
+                    .map_err(|source| {
+                        FenceError::at(FenceStep::Sever, FenceCause::Identify { source })
+                    })?;
+                check
+                    .check(found)
+                    .await
+                    .map_err(|cause| FenceError::at(FenceStep::Sever, cause))?;
+            }
             let this = self.clone();
             let preempt = tokio::task::spawn_blocking(move || this.preempt(key))
                 .await
@@ -218,6 +285,8 @@ mod tests {
         /// Every acquire is refused with a Reservation Conflict.
         refuse: bool,
         acquires: Mutex<Vec<Acquire>>,
+        /// What `identity` answers (`None`: the trait's default, Unsupported).
+        identity: Option<nvme_resv::NamespaceIdentity>,
     }
 
     impl Reservations for Fake {
@@ -242,6 +311,11 @@ mod tests {
         }
         fn release(&self, _: &Release) -> nvme_resv::Result<()> {
             Ok(())
+        }
+        fn identity(&self) -> nvme_resv::Result<nvme_resv::NamespaceIdentity> {
+            self.identity.clone().ok_or(nvme_resv::Error::Unsupported {
+                op: nvme_resv::Operation::IdentifyNamespace,
+            })
         }
         fn report(&self) -> nvme_resv::Result<ReservationStatus> {
             let keys = self.keys.lock().unwrap();
@@ -359,6 +433,113 @@ mod tests {
             "{e:?}"
         );
         assert!(e.to_string().contains("our own key"), "{e}");
+    }
+
+    /// The spec-accurate model answers the first acquire with Invalid Field, as a
+    /// controller without abort support answers Preempt and Abort.
+    fn model_without_abort() -> (nvme_resv::model::Namespace, Device, nvme_resv::model::Host) {
+        let ns = nvme_resv::model::Namespace::new();
+        let (a, b) = (ns.host(HostId([0xa; 16])), ns.host(HostId([0xb; 16])));
+        a.register(&Register::register(key_of("a"))).unwrap();
+        a.acquire(&Acquire::acquire(key_of("a"), RESERVATION_TYPE))
+            .unwrap();
+        b.register(&Register::register(key_of("b"))).unwrap();
+        ns.fail_next(
+            nvme_resv::Operation::Acquire,
+            NvmeStatus::INVALID_FIELD.with_dnr(),
+        );
+        (ns, Arc::new(a), b)
+    }
+
+    #[tokio::test]
+    async fn preempt_and_abort_refused_with_invalid_field_falls_back_to_preempt() {
+        let (ns, a, b) = model_without_abort();
+        let f = NvmeFencer::new(a, key_of("a"), PreemptMode::PreemptAndAbort).with_key_fn(key_of);
+        let c = f.fence(&victim("b")).await.unwrap();
+        assert!(c.severed);
+        assert!(!ns.snapshot().is_registered(key_of("b")));
+        assert!(
+            b.check(nvme_resv::Access::Write)
+                .unwrap_err()
+                .is_reservation_conflict()
+        );
+        // The evidence (the audit's fencer_result) says what was sent and why.
+        assert!(
+            c.evidence.starts_with(&format!(
+                "key {:#x} Preempt (fallback: PreemptAndAbort answered Reservation Acquire on namespace 1: Invalid Field in Command",
+                key_of("b").0
+            )) && c.evidence.contains("commands in flight not aborted"),
+            "{}",
+            c.evidence
+        );
+    }
+
+    #[tokio::test]
+    async fn invalid_field_to_a_plain_preempt_is_not_retried() {
+        let (ns, a, _b) = model_without_abort();
+        let f = NvmeFencer::new(a, key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        let e = f.fence(&victim("b")).await.unwrap_err();
+        assert!(
+            matches!(&e.cause, FenceCause::Preempt { racqa: AcquireAction::Preempt, source, .. } if source.status().is_some_and(|s| s.same_code(NvmeStatus::INVALID_FIELD))),
+            "{e:?}"
+        );
+        assert!(ns.snapshot().is_registered(key_of("b")));
+    }
+
+    fn identity(b: u8) -> nvme_resv::NamespaceIdentity {
+        nvme_resv::NamespaceIdentity {
+            nguid: [b; 16],
+            eui64: [0; 8],
+            subnqn: "nqn.test:s".into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_device_that_is_not_the_recorded_namespace_is_never_preempted() {
+        let fake = Arc::new(Fake {
+            identity: Some(identity(2)),
+            ..Fake::default()
+        });
+        fake.keys.lock().unwrap().push(key_of("a").0);
+        let f = NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::default())
+            .with_key_fn(key_of)
+            .with_namespace(crate::fencer::NamespaceCheck::fixed(identity(1)));
+        // Without the check the victim's absent key would be "confirmed".
+        let e = f.fence(&victim("b")).await.unwrap_err();
+        assert_eq!(e.step, FenceStep::Sever);
+        assert!(
+            matches!(&e.cause, FenceCause::WrongNamespace { expected, found } if *expected == identity(1) && *found == identity(2)),
+            "{e:?}"
+        );
+        assert!(
+            fake.acquires.lock().unwrap().is_empty(),
+            "a preempt was sent"
+        );
+        // The right namespace: fenced as usual.
+        let fake = Arc::new(Fake {
+            identity: Some(identity(1)),
+            ..Fake::default()
+        });
+        fake.keys
+            .lock()
+            .unwrap()
+            .extend([key_of("a").0, key_of("b").0]);
+        let f = NvmeFencer::new(fake, key_of("a"), PreemptMode::default())
+            .with_key_fn(key_of)
+            .with_namespace(crate::fencer::NamespaceCheck::fixed(identity(1)));
+        assert!(f.fence(&victim("b")).await.unwrap().severed);
+    }
+
+    #[tokio::test]
+    async fn a_device_that_cannot_be_identified_is_not_preempted() {
+        let fake = Arc::new(Fake::default());
+        fake.keys.lock().unwrap().push(key_of("a").0);
+        let f = NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::default())
+            .with_key_fn(key_of)
+            .with_namespace(crate::fencer::NamespaceCheck::fixed(identity(1)));
+        let e = f.fence(&victim("b")).await.unwrap_err();
+        assert!(matches!(e.cause, FenceCause::Identify { .. }), "{e:?}");
+        assert!(fake.acquires.lock().unwrap().is_empty());
     }
 
     #[cfg(feature = "failpoints")]

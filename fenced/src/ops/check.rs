@@ -9,7 +9,6 @@ use std::process::ExitCode;
 use fenced::store::{Status, StoreOptions, probe_endpoints};
 
 use super::OpError;
-use super::audit::now_unix_ms;
 use crate::config::{self, EtcdArgs, EtcdSettings};
 
 #[derive(Debug, clap::Args)]
@@ -205,7 +204,7 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
         },
     )
     .await;
-    let (level, line) = verdict(&status, &endpoints, t, now_unix_ms());
+    let (level, line) = verdict(&status, &endpoints, t, fenced::clock::unix_ms());
     println!("{line}");
     Ok(ExitCode::from(level.code()))
 }

@@ -6,6 +6,7 @@
 pub mod attest;
 pub mod audit;
 pub mod check;
+pub mod format;
 pub mod leave;
 pub mod probe;
 pub mod roles;

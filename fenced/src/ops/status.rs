@@ -4,19 +4,12 @@
 
 use std::process::ExitCode;
 
-use clap::ValueEnum;
 use fenced::store::{NodeRow, Status};
 
 use super::OpError;
-use super::audit::{JSON_VERSION, fmt_unix_ms, now_unix_ms};
+pub use super::format::Output;
+use super::format::{JSON_VERSION, fmt_unix_ms};
 use crate::config::EtcdArgs;
-
-/// Output format.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Output {
-    Text,
-    Json,
-}
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -33,13 +26,25 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
         .status()
         .await
         .map_err(OpError::store("read the cluster status"))?;
-    let now = now_unix_ms();
+    let now = fenced::clock::unix_ms();
     match args.output {
         Output::Json => println!(
             "{}",
             serde_json::to_string_pretty(&json(&s, now)).unwrap_or_default()
         ),
-        Output::Text => print!("{}", text(&s, now)),
+        Output::Text => {
+            print!("{}", text(&s, now));
+            // The shared namespace recorded by the first join (what every join and
+            // NVMe fence compares its device with).
+            let ns = store
+                .namespace_record()
+                .await
+                .map_err(OpError::store("read the recorded namespace"))?;
+            println!(
+                "namespace: {}",
+                ns.map_or_else(|| "(none recorded)".to_owned(), |n| n.to_string())
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

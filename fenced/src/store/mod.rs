@@ -32,9 +32,11 @@ mod arenas;
 mod error;
 mod fence;
 mod health;
+mod identity;
 mod membership;
 mod operator;
 pub mod roles;
+mod rows;
 mod security;
 mod view;
 

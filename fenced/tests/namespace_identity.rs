@@ -1,0 +1,151 @@
+//! Only the cluster's namespace counts (issue 14 section 2), on a real etcd with the
+//! reservation model standing in for two namespaces: the first join records the shared
+//! namespace's identity; a node on another namespace is refused before it registers
+//! anything; a controller whose device is another namespace does not fence (the fence
+//! stays owed and audited) while a controller on the shared one completes it.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use fenced::agent::{Agent, AgentError};
+use fenced::fencer::{Fencer, NamespaceCheck, NvmeFencer, PreemptMode};
+use nvme_resv::{NamespaceIdentity, Register, Reservations};
+
+fn id(b: u8) -> NamespaceIdentity {
+    NamespaceIdentity {
+        nguid: [b; 16],
+        eui64: [0; 8],
+        subnqn: "nqn.2014-08.org.fenced:test".into(),
+    }
+}
+
+/// The shared namespace has identity 1; `other` (identity 2) is another
+/// reservation-capable namespace.
+fn two_namespaces(c: &Cluster) -> device::Namespace {
+    c.ns.set_identity(id(1));
+    let other = device::Namespace::new();
+    other.set_identity(id(2));
+    other
+}
+
+async fn start(c: &Cluster, n: &str, host: device::Host) -> Result<Agent, AgentError> {
+    let mut cfg = c.agent_cfg(n, 0);
+    cfg.namespace = Some(host.identity().unwrap());
+    Agent::start(c.store().await, cfg, Some(Arc::new(host)), key_of(n)).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_on_another_namespace_is_refused_before_registering() {
+    let c = Cluster::new();
+    let other = two_namespaces(&c);
+    let store = c.store().await;
+    let n1 = RunningAgent::spawn(start(&c, "n1", c.host("n1")).await.unwrap());
+    assert_eq!(store.namespace_record().await.unwrap(), Some(id(1)));
+
+    let err = start(&c, "n2", other.host(host_id("n2")))
+        .await
+        .unwrap_err();
+    let AgentError::WrongNamespace { recorded, ours, .. } = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!((&**recorded, &**ours), (&id(1), &id(2)));
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("recorded at /fenced-test/namespace: {}", id(1)))
+            && text.contains(&format!("this node's device: {}", id(2)))
+            && text.contains("nothing was registered"),
+        "{text}"
+    );
+    eprintln!("refused: {text}");
+    // Nothing of n2 anywhere: not a member, no generation, no key on either device.
+    let st = store.status().await.unwrap();
+    assert!(!st.members.iter().any(|(m, _)| m == "n2"), "{st:?}");
+    assert!(!st.generations.iter().any(|(m, _)| m == "n2"), "{st:?}");
+    assert!(other.snapshot().registrants.is_empty());
+    assert!(!c.ns.snapshot().is_registered(key_of("n2")));
+    // The record is unchanged, and a node on the shared namespace still joins.
+    assert_eq!(store.namespace_record().await.unwrap(), Some(id(1)));
+    let n3 = start(&c, "n3", c.host("n3")).await.unwrap();
+    assert!(c.ns.snapshot().is_registered(key_of("n3")));
+    drop(n3);
+    n1.kill();
+}
+
+/// A controller's NVMe fencer on `host`, checking against the etcd record.
+fn checked_fencer(
+    c_store: fenced::store::EtcdStore,
+    host: device::Host,
+    n: &str,
+) -> Arc<dyn Fencer> {
+    Arc::new(
+        NvmeFencer::new(Arc::new(host), key_of(n), PreemptMode::PreemptAndAbort).with_namespace(
+            NamespaceCheck {
+                joined: id(1),
+                record: Some(Arc::new(c_store)),
+            },
+        ),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_on_another_namespace_leaves_the_fence_owed() {
+    let c = Cluster::new();
+    let other = two_namespaces(&c);
+    let store = c.store().await;
+    let victim = RunningAgent::spawn(start(&c, "n1", c.host("n1")).await.unwrap());
+    // Controller x's device is the other namespace, where it is registered: without the
+    // check, the victim's key is "already absent" there and the fence "confirmed".
+    let hx = other.host(host_id("x"));
+    hx.register(&Register::register(key_of("x"))).unwrap();
+    let mut cfg = c.controller_cfg("x");
+    cfg.sweep_interval = Duration::from_millis(300);
+    let (x, x_task) = c
+        .controller(checked_fencer(store.clone(), hx, "x"), cfg)
+        .await;
+
+    victim.kill();
+    wait_until("x's failed attempt", Duration::from_secs(20), || async {
+        x.stats().failed.load(std::sync::atomic::Ordering::Relaxed) >= 2
+    })
+    .await;
+    assert_eq!(generation(&store, "n1").await, 0, "bumped without evidence");
+    let st = store.status().await.unwrap();
+    assert!(st.owed.iter().any(|(n, _)| n == "n1"), "not owed: {st:?}");
+    assert!(
+        c.ns.snapshot().is_registered(key_of("n1")),
+        "n1 was preempted"
+    );
+    let audits = store.audit_records(&node("n1")).await.unwrap();
+    let failed = audits
+        .iter()
+        .find(|a| a["generation_after"] == a["generation_before"])
+        .unwrap_or_else(|| panic!("no failed attempt audited: {audits:?}"));
+    let result = failed["fencer_result"].as_str().unwrap();
+    assert!(
+        result.contains("not the cluster's shared namespace")
+            && result.contains(&id(1).to_string())
+            && result.contains(&id(2).to_string()),
+        "{result}"
+    );
+    eprintln!("x's attempt: {result}");
+
+    // A controller on the shared namespace completes the owed fence, once.
+    let hy = c.host("y");
+    hy.register(&Register::register(key_of("y"))).unwrap();
+    x_task.abort();
+    let (_y, _y_task) = c
+        .controller(
+            checked_fencer(store.clone(), hy, "y"),
+            c.controller_cfg("y"),
+        )
+        .await;
+    wait_until("n1 fenced by y", Duration::from_secs(20), || async {
+        generation(&store, "n1").await == 1
+    })
+    .await;
+    assert!(!c.ns.snapshot().is_registered(key_of("n1")));
+    assert_eq!(fences_of(&store, "n1").await.len(), 1);
+}

@@ -1,0 +1,96 @@
+//! An agent whose own membership key disappears while it runs self-fences (issue 14
+//! section 2): against a real etcd, with no reservation device, so nothing on a device
+//! would stop it otherwise (`--fencer none`, EBS).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use fenced::agent::{Agent, AgentExit};
+
+/// Starts `n` with no reservation device.
+async fn agent_without_device(c: &Cluster, n: &str) -> RunningAgent {
+    let agent = Agent::start(c.store().await, c.agent_cfg(n, 0), None, key_of(n))
+        .await
+        .expect("agent start");
+    RunningAgent::spawn(agent)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_our_membership_key_self_fences_within_the_ttl() {
+    let c = Cluster::new();
+    let store = c.store().await;
+    let a = agent_without_device(&c, "n1").await;
+    let other = agent_without_device(&c, "n2").await;
+    wait_members(&store, &["n1", "n2"]).await;
+    assert!(a.gate.is_open());
+
+    // Anyone (an operator, a tool) deletes n1's key; its lease keeps being renewed.
+    let key = store.keys().membership(&node("n1"));
+    let t0 = Instant::now();
+    let deleted = store.client().delete(key.clone(), None).await.unwrap();
+    assert_eq!(deleted.deleted(), 1, "{key} was not there");
+
+    let exit = tokio::time::timeout(2 * TTL, a.task)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "n1 kept running {:?} after its membership was deleted",
+                2 * TTL
+            )
+        })
+        .unwrap();
+    let took = t0.elapsed();
+    let AgentExit::SelfFenced { reason } = &exit else {
+        panic!("{exit:?}")
+    };
+    assert!(
+        reason.contains(&format!("our membership {key} was deleted at revision")),
+        "{reason}"
+    );
+    assert!(a.gate.is_fenced(), "the I/O gate is still open");
+    assert!(took < TTL, "self-fenced only after {took:?}");
+    eprintln!("n1 self-fenced {took:?} after its membership key was deleted");
+
+    // The other node is untouched and still a member.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(other.gate.is_open() && !other.task.is_finished());
+    assert!(
+        store
+            .status()
+            .await
+            .unwrap()
+            .members
+            .iter()
+            .any(|(m, _)| m == "n2")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_own_leave_is_not_a_lost_membership() {
+    let c = Cluster::new();
+    let a = agent_without_device(&c, "n1").await;
+    let gate = a.gate.clone();
+    assert_eq!(a.leave().await, AgentExit::Left);
+    assert!(!gate.is_fenced());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_membership_deleted_and_created_again_by_someone_else_self_fences() {
+    let c = Cluster::new();
+    let store = c.store().await;
+    let a = agent_without_device(&c, "n1").await;
+    let key = store.keys().membership(&node("n1"));
+    // Deleted and put again at once: the key exists again, but it is not ours (a
+    // check of the key's presence would miss it; the watch does not).
+    let mut client = store.client();
+    client.delete(key.clone(), None).await.unwrap();
+    client.put(key.clone(), "i-impostor", None).await.unwrap();
+    let exit = tokio::time::timeout(2 * TTL, a.task)
+        .await
+        .expect("n1 kept running after its membership was replaced")
+        .unwrap();
+    assert!(matches!(exit, AgentExit::SelfFenced { .. }), "{exit:?}");
+    assert!(a.gate.is_fenced());
+}
