@@ -16,6 +16,7 @@ use fenced::NodeId;
 use fenced::agent::OnFenceConfig;
 use fenced::fencer::PreemptMode;
 use fenced::node::InvalidNodeId;
+use fenced::store::EtcdSecurity;
 use serde::Deserialize;
 
 /// The defaults, in one place.
@@ -99,6 +100,19 @@ pub enum PreemptArg {
     Preempt,
 }
 
+/// What `fenced run` runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The node agent only (membership, liveness, self-fencing, arenas): fences no one.
+    Agent,
+    /// The controller only (watch, sweep, fence others): joins nothing, holds no lease.
+    Controller,
+    /// Both (the default).
+    #[default]
+    Both,
+}
+
 /// Where etcd is: shared by `run` and the operator commands.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct EtcdArgs {
@@ -111,11 +125,31 @@ pub struct EtcdArgs {
     /// Optional TOML config file (keys as the long flags, with underscores).
     #[arg(long, env = "FENCED_CONFIG")]
     pub config: Option<PathBuf>,
+    /// CA bundle (PEM) that verifies the etcd servers of https:// endpoints (default:
+    /// the system CA store).
+    #[arg(long, env = "FENCED_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd; with etcd's --client-cert-auth and
+    /// no --etcd-user, its CN is the etcd user.
+    #[arg(long, env = "FENCED_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "FENCED_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (password authentication; the password comes from
+    /// --etcd-password-file or FENCED_ETCD_PASSWORD, never from a flag, which `ps`
+    /// would show).
+    #[arg(long, env = "FENCED_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File whose first line is the etcd user's password.
+    #[arg(long, env = "FENCED_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 /// One layer of settings: the `run` flags (with their env vars) and the TOML file's
-/// schema. `etcd_endpoints` and `root` are file keys here; their flags are declared
-/// by [`EtcdArgs`] (the operator commands take them too).
+/// schema. `etcd_endpoints`, `root` and the etcd TLS and credential settings are file
+/// keys here; their flags are declared by [`EtcdArgs`] (the operator commands take
+/// them too).
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Layer {
@@ -123,9 +157,24 @@ pub struct Layer {
     etcd_endpoints: Option<Vec<String>>,
     #[arg(skip)]
     root: Option<String>,
+    #[arg(skip)]
+    etcd_ca: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_cert: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_key: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_user: Option<String>,
+    #[arg(skip)]
+    etcd_password_file: Option<PathBuf>,
     /// This node's id ([A-Za-z0-9._-], at most 63).
     #[arg(long, env = "FENCED_NODE_ID")]
     node_id: Option<String>,
+    /// What to run: the node agent, the controller, or both. With etcd RBAC
+    /// (`fenced etcd-roles`) an agent needs only its node's role, a controller the
+    /// controller role.
+    #[arg(long, env = "FENCED_ROLE", value_enum)]
+    role: Option<Role>,
     /// Instance id (default: EC2 instance id, else machine id).
     #[arg(long, env = "FENCED_INSTANCE_ID")]
     instance_id: Option<String>,
@@ -272,6 +321,11 @@ pub enum ConfigError {
     /// A volume with single-signal fencing.
     #[error("--ebs-volume-id given with --fencer none (single-signal): drop one of them")]
     EbsWithNone,
+    /// A controller-only daemon with the NVMe fencer.
+    #[error(
+        "--role controller cannot use --fencer nvme: the NVMe fencer preempts with this host's own registration, which only the agent makes; use --role both on hosts with the shared namespace (or --fencer ebs/none)"
+    )]
+    NvmeControllerWithoutAgent,
     /// EBS settings in a build without the fencer.
     #[error("this fenced was built without the EBS fencer: rebuild with `--features ebs`")]
     EbsNotBuilt,
@@ -419,13 +473,29 @@ pub struct EtcdSettings {
     pub endpoints: Vec<String>,
     /// Key root.
     pub root: String,
+    /// TLS files and credentials (the files are read when connecting).
+    pub security: EtcdSecurity,
 }
 
+/// Environment variable holding the etcd password (when no password file is given).
+pub const ETCD_PASSWORD_ENV: &str = "FENCED_ETCD_PASSWORD";
+
 impl EtcdSettings {
-    /// The operator commands: endpoints and root from the flags (or env), else the
-    /// file, else the defaults; each endpoint and the root checked.
+    /// The operator commands: endpoints, root, TLS files and credentials from the
+    /// flags (or env), else the file, else the defaults; each endpoint and the root
+    /// checked. The password comes from `--etcd-password-file` (read when
+    /// connecting), else `FENCED_ETCD_PASSWORD`.
     pub fn resolve(cli: &EtcdArgs, file: &Layer) -> Result<Self, ConfigError> {
+        let pick = |c: &Option<PathBuf>, f: &Option<PathBuf>| c.clone().or_else(|| f.clone());
         let s = Self {
+            security: EtcdSecurity {
+                ca: pick(&cli.etcd_ca, &file.etcd_ca),
+                cert: pick(&cli.etcd_cert, &file.etcd_cert),
+                key: pick(&cli.etcd_key, &file.etcd_key),
+                user: cli.etcd_user.clone().or_else(|| file.etcd_user.clone()),
+                password_file: pick(&cli.etcd_password_file, &file.etcd_password_file),
+                password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+            },
             endpoints: cli
                 .etcd_endpoints
                 .clone()
@@ -578,6 +648,7 @@ pub struct EbsSettings {
 pub struct Settings {
     pub etcd: EtcdSettings,
     pub node: NodeId,
+    pub role: Role,
     /// `None`: ask the host (EC2 instance id, else machine id) when the daemon starts.
     pub instance_id: Option<String>,
     pub block_device: Option<PathBuf>,
@@ -644,6 +715,10 @@ impl Settings {
             },
         );
         check_fencer(fencer, block_device.is_some(), ebs.volume_id.is_some())?;
+        let role = l.role.or(file.role).unwrap_or_default();
+        if role == Role::Controller && fencer == FencerKind::Nvme {
+            return Err(ConfigError::NvmeControllerWithoutAgent);
+        }
         let preempt = match l.preempt.or(file.preempt) {
             Some(PreemptArg::Preempt) => PreemptMode::Preempt,
             Some(PreemptArg::PreemptAndAbort) | None => PreemptMode::PreemptAndAbort,
@@ -743,6 +818,7 @@ impl Settings {
         Ok(Self {
             etcd,
             node,
+            role,
             instance_id,
             block_device,
             fencer,
@@ -875,7 +951,11 @@ mod tests {
             s.etcd,
             EtcdSettings {
                 endpoints: vec![defaults::ETCD_ENDPOINT.into()],
-                root: defaults::ROOT.into()
+                root: defaults::ROOT.into(),
+                security: EtcdSecurity {
+                    password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+                    ..EtcdSecurity::default()
+                },
             }
         );
         assert_eq!(s.ttl, Duration::from_secs(5));
@@ -886,6 +966,7 @@ mod tests {
         assert_eq!(s.connect_timeout, None);
         assert_eq!(s.etcd_keepalive_timeout, None);
         assert_eq!(s.instance_id, None);
+        assert_eq!(s.role, Role::Both);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use fenced::node::local_instance_id;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 use nvme_resv::NamespaceIdentity;
 
-use crate::config::{EtcdSettings, FencerKind, Settings, file_kind};
+use crate::config::{EtcdSettings, FencerKind, Role, Settings, file_kind};
 use crate::control::{ControlError, ControlSocket, Outcome, PidFile};
 
 /// Exit code of a daemon that self-fenced.
@@ -41,7 +41,16 @@ pub enum ConnectError {
         #[source]
         source: StoreError,
     },
-    /// An error retrying cannot fix (bad URL, ...).
+    /// The TLS handshake failed or etcd refused the credentials: retrying with the
+    /// same files and user fails the same way.
+    #[error("etcd at {endpoints} refused the connection (presented: {security}): {source}")]
+    Refused {
+        endpoints: String,
+        security: String,
+        #[source]
+        source: StoreError,
+    },
+    /// An error retrying cannot fix (bad URL, a TLS file that cannot be read, ...).
     #[error("cannot use etcd at {endpoints}: {source}")]
     Unusable {
         endpoints: String,
@@ -134,13 +143,19 @@ pub enum DaemonError {
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
 /// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
-/// never). Errors other than "unavailable" (bad URL, ...) are not retried.
+/// never). Errors other than "unavailable" (bad URL, a TLS file that cannot be read,
+/// a certificate or credentials etcd refuses) are not retried. `etcd`'s TLS files
+/// and credentials replace those of `opts`.
 pub async fn connect(
     etcd: &EtcdSettings,
     claim_ttl: Duration,
     opts: &StoreOptions,
     give_up: Option<Duration>,
 ) -> Result<EtcdStore, ConnectError> {
+    let opts = &StoreOptions {
+        security: etcd.security.clone(),
+        ..opts.clone()
+    };
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
@@ -195,6 +210,13 @@ pub async fn connect(
                     endpoints: eps,
                     waited_s: t0.elapsed().as_secs_f32(),
                     attempts: attempt,
+                    source,
+                });
+            }
+            Err(source @ (StoreError::Tls { .. } | StoreError::Denied { .. })) => {
+                return Err(ConnectError::Refused {
+                    endpoints: eps,
+                    security: etcd.security.describe(),
                     source,
                 });
             }
@@ -437,10 +459,13 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     // The restart rule, before this daemon writes anything (see fenced::agent::boot).
     cfg.boot_id = Some(boot_id);
     cfg.on_fence = s.on_fence;
-    match Agent::check_restart(&store, &cfg).await {
-        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
-        Err(source) => return Err(DaemonError::Agent { source }),
-        Ok(_) => {}
+    // A controller alone registers no key, so the restart rule does not apply to it.
+    if s.role != Role::Controller {
+        match Agent::check_restart(&store, &cfg).await {
+            Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+            Err(source) => return Err(DaemonError::Agent { source }),
+            Ok(_) => {}
+        }
     }
     let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device, &namespace) {
         (FencerKind::Nvme, Some(d), Some(id)) => Some(Arc::new(
@@ -460,20 +485,6 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .await
             .map_err(|source| DaemonError::SeedArenas { source })?;
     }
-    cfg.ttl = s.ttl;
-    cfg.self_fence_margin = s.self_fence_margin;
-    cfg.arenas = s.arenas;
-    cfg.watchdog_device = s.watchdog_device;
-    cfg.namespace = namespace;
-    let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
-        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
-        r => r.map_err(|source| DaemonError::Agent { source })?,
-    };
-    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
-    ccfg.sweep_interval = s.sweep;
-    ccfg.own_node = Some(node.clone());
-    let controller = Controller::new(store, fencer, ccfg).spawn();
-    tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
     let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
@@ -484,8 +495,38 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             Some(()) = leave_rx.recv() => {}
         }
     };
+    // `--role`: the controller alone joins nothing and runs until told to stop; the
+    // agent alone fences no one.
+    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+    ccfg.sweep_interval = s.sweep;
+    ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
+    if s.role == Role::Controller {
+        let controller = Controller::new(store, fencer, ccfg).spawn();
+        tracing::info!(node = %node, instance = %instance, role = "controller", "fenced running (controller only)");
+        leave.await;
+        controller.abort();
+        if let Some(c) = &control {
+            c.answer(&Outcome::Left).await;
+        }
+        drop(control);
+        drop(pid_file);
+        return Ok(ExitCode::SUCCESS);
+    }
+    cfg.ttl = s.ttl;
+    cfg.self_fence_margin = s.self_fence_margin;
+    cfg.arenas = s.arenas;
+    cfg.watchdog_device = s.watchdog_device;
+    cfg.namespace = namespace;
+    let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
+        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+        r => r.map_err(|source| DaemonError::Agent { source })?,
+    };
+    let controller = (s.role == Role::Both).then(|| Controller::new(store, fencer, ccfg).spawn());
+    tracing::info!(node = %node, instance = %instance, role = ?s.role, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let exit = agent.run(leave).await;
-    controller.abort();
+    if let Some(c) = controller {
+        c.abort();
+    }
     let outcome = match &exit {
         AgentExit::Left => Outcome::Left,
         AgentExit::LeaveIncomplete { reason } => Outcome::Incomplete(reason.clone()),
