@@ -249,6 +249,26 @@ impl Outcome {
     fn error(&mut self, line: String) {
         self.stderr.push(format!("fence_nvme: ERROR: {line}"));
     }
+    /// Reports each device's evidence (or error, with its causes); returns the devices
+    /// that failed, for the summary line.
+    fn each_device<T: fmt::Display>(
+        &mut self,
+        s: &Settings,
+        results: Vec<(PathBuf, Result<T, Error>)>,
+    ) -> Vec<String> {
+        let mut failed = Vec::new();
+        for (p, r) in results {
+            match r {
+                Ok(ev) => self.info(s, format!("{}: {ev}", p.display())),
+                Err(e) => {
+                    self.error(chain(&e));
+                    failed.push(p.display().to_string());
+                }
+            }
+        }
+        failed
+    }
+
     fn failed(mut self, line: String) -> Self {
         self.code = 1;
         self.stderr.push(format!("Failed: {line}"));
@@ -310,16 +330,7 @@ fn on(s: &Settings, opener: &Arc<dyn Opener>, mut out: Outcome) -> Outcome {
         s.power_timeout,
         Arc::new(move |dev: &dyn Reservations, p: &Path| unfence(dev, p, key, rtype)),
     );
-    let mut failed = Vec::new();
-    for (p, r) in results {
-        match r {
-            Ok(ev) => out.info(s, format!("{}: {ev}", p.display())),
-            Err(e) => {
-                out.error(chain(&e));
-                failed.push(p.display().to_string());
-            }
-        }
-    }
+    let failed = out.each_device(s, results);
     if !failed.is_empty() {
         return out.failed(format!(
             "unfencing {t} failed on {} of {} device(s): {}",
@@ -375,16 +386,7 @@ fn off(s: &Settings, opener: &Arc<dyn Opener>, mut out: Outcome) -> Outcome {
         s.power_timeout,
         Arc::new(move |dev: &dyn Reservations, p: &Path| sever(dev, p, own, victim, rtype)),
     );
-    let mut failed = Vec::new();
-    for (p, r) in results {
-        match r {
-            Ok(ev) => out.info(s, format!("{}: {ev}", p.display())),
-            Err(e) => {
-                out.error(chain(&e));
-                failed.push(p.display().to_string());
-            }
-        }
-    }
+    let failed = out.each_device(s, results);
     if !failed.is_empty() {
         return out.failed(format!(
             "fence of {t} not confirmed on {} of {} device(s): {}",

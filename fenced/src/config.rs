@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use clap::ValueEnum;
 use fenced::NodeId;
+use fenced::agent::OnFenceConfig;
 use fenced::fencer::PreemptMode;
 use fenced::node::InvalidNodeId;
+use fenced::store::EtcdSecurity;
 use serde::Deserialize;
 
 /// The defaults, in one place.
@@ -70,6 +72,8 @@ pub mod limits {
     pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
     /// Longest identifier (volume id, region, arena name).
     pub const MAX_NAME_LEN: usize = 128;
+    /// Longest `--on-fence exec:` hook run: the daemon exits only after it.
+    pub const MAX_ON_FENCE_TIMEOUT_SECS: u64 = 600;
 }
 
 /// Which fencer the daemon uses.
@@ -96,6 +100,19 @@ pub enum PreemptArg {
     Preempt,
 }
 
+/// What `fenced run` runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// The node agent only (membership, liveness, self-fencing, arenas): fences no one.
+    Agent,
+    /// The controller only (watch, sweep, fence others): joins nothing, holds no lease.
+    Controller,
+    /// Both (the default).
+    #[default]
+    Both,
+}
+
 /// Where etcd is: shared by `run` and the operator commands.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct EtcdArgs {
@@ -108,11 +125,31 @@ pub struct EtcdArgs {
     /// Optional TOML config file (keys as the long flags, with underscores).
     #[arg(long, env = "FENCED_CONFIG")]
     pub config: Option<PathBuf>,
+    /// CA bundle (PEM) that verifies the etcd servers of https:// endpoints (default:
+    /// the system CA store).
+    #[arg(long, env = "FENCED_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+    /// Client certificate (PEM) presented to etcd; with etcd's --client-cert-auth and
+    /// no --etcd-user, its CN is the etcd user.
+    #[arg(long, env = "FENCED_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, env = "FENCED_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+    /// etcd user (password authentication; the password comes from
+    /// --etcd-password-file or FENCED_ETCD_PASSWORD, never from a flag, which `ps`
+    /// would show).
+    #[arg(long, env = "FENCED_ETCD_USER")]
+    pub etcd_user: Option<String>,
+    /// File whose first line is the etcd user's password.
+    #[arg(long, env = "FENCED_ETCD_PASSWORD_FILE")]
+    pub etcd_password_file: Option<PathBuf>,
 }
 
 /// One layer of settings: the `run` flags (with their env vars) and the TOML file's
-/// schema. `etcd_endpoints` and `root` are file keys here; their flags are declared
-/// by [`EtcdArgs`] (the operator commands take them too).
+/// schema. `etcd_endpoints`, `root` and the etcd TLS and credential settings are file
+/// keys here; their flags are declared by [`EtcdArgs`] (the operator commands take
+/// them too).
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Layer {
@@ -120,9 +157,24 @@ pub struct Layer {
     etcd_endpoints: Option<Vec<String>>,
     #[arg(skip)]
     root: Option<String>,
+    #[arg(skip)]
+    etcd_ca: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_cert: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_key: Option<PathBuf>,
+    #[arg(skip)]
+    etcd_user: Option<String>,
+    #[arg(skip)]
+    etcd_password_file: Option<PathBuf>,
     /// This node's id ([A-Za-z0-9._-], at most 63).
     #[arg(long, env = "FENCED_NODE_ID")]
     node_id: Option<String>,
+    /// What to run: the node agent, the controller, or both. With etcd RBAC
+    /// (`fenced etcd-roles`) an agent needs only its node's role, a controller the
+    /// controller role.
+    #[arg(long, env = "FENCED_ROLE", value_enum)]
+    role: Option<Role>,
     /// Instance id (default: EC2 instance id, else machine id).
     #[arg(long, env = "FENCED_INSTANCE_ID")]
     instance_id: Option<String>,
@@ -178,6 +230,14 @@ pub struct Layer {
     /// keepalive stream and fails requests in flight).
     #[arg(long, env = "FENCED_ETCD_KEEPALIVE_TIMEOUT_SECS")]
     etcd_keepalive_timeout_secs: Option<u64>,
+    /// What to do when this node self-fences or finds its key preempted: `exit`
+    /// (default), `reboot` (SysRq b at once) or `exec:COMMAND` (run it, e.g. to stop
+    /// the application, then exit). README "Operating it" says which to use when.
+    #[arg(long, env = "FENCED_ON_FENCE")]
+    on_fence: Option<String>,
+    /// How long an `exec:` on-fence hook may run before it is killed (default 30).
+    #[arg(long, env = "FENCED_ON_FENCE_TIMEOUT_SECS")]
+    on_fence_timeout_secs: Option<u64>,
 }
 
 /// `fenced run`'s flags: the etcd address, the settings layer, and the flags that
@@ -203,6 +263,14 @@ pub struct RunArgs {
     /// Log as JSON lines.
     #[arg(long, env = "FENCED_LOG_JSON")]
     pub log_json: bool,
+    /// For tests only: read this host's boot id from this file instead of
+    /// /proc/sys/kernel/random/boot_id (a test "reboots" by changing it).
+    #[arg(long, env = "FENCED_BOOT_ID_FILE")]
+    pub boot_id_file: Option<PathBuf>,
+    /// For tests only: the magic SysRq file `--on-fence reboot` writes `b` to, instead
+    /// of /proc/sysrq-trigger (a test points it at a temporary file).
+    #[arg(long, env = "FENCED_SYSRQ_TRIGGER_FILE")]
+    pub sysrq_trigger_file: Option<PathBuf>,
     /// Run with reservations on a namespace that reports neither an NGUID nor an
     /// EUI-64. Without either, fenced cannot tell the shared namespace from another
     /// namespace of the same subsystem (only the subsystem NQN is compared), so it
@@ -257,9 +325,17 @@ pub enum ConfigError {
     /// A volume with single-signal fencing.
     #[error("--ebs-volume-id given with --fencer none (single-signal): drop one of them")]
     EbsWithNone,
+    /// A controller-only daemon with the NVMe fencer.
+    #[error(
+        "--role controller cannot use --fencer nvme: the NVMe fencer preempts with this host's own registration, which only the agent makes; use --role both on hosts with the shared namespace (or --fencer ebs/none)"
+    )]
+    NvmeControllerWithoutAgent,
     /// EBS settings in a build without the fencer.
     #[error("this fenced was built without the EBS fencer: rebuild with `--features ebs`")]
     EbsNotBuilt,
+    /// `--on-fence` is not `exit`, `reboot` or `exec:COMMAND`.
+    #[error(transparent)]
+    OnFence(#[from] fenced::agent::on_fence::InvalidOnFence),
     /// The config path is not a regular file (a FIFO would block, `/dev/zero` never
     /// ends).
     #[error("cannot read config {}: it is a {kind}, not a regular file; point --config at a TOML file", path.display())]
@@ -401,13 +477,29 @@ pub struct EtcdSettings {
     pub endpoints: Vec<String>,
     /// Key root.
     pub root: String,
+    /// TLS files and credentials (the files are read when connecting).
+    pub security: EtcdSecurity,
 }
 
+/// Environment variable holding the etcd password (when no password file is given).
+pub const ETCD_PASSWORD_ENV: &str = "FENCED_ETCD_PASSWORD";
+
 impl EtcdSettings {
-    /// The operator commands: endpoints and root from the flags (or env), else the
-    /// file, else the defaults; each endpoint and the root checked.
+    /// The operator commands: endpoints, root, TLS files and credentials from the
+    /// flags (or env), else the file, else the defaults; each endpoint and the root
+    /// checked. The password comes from `--etcd-password-file` (read when
+    /// connecting), else `FENCED_ETCD_PASSWORD`.
     pub fn resolve(cli: &EtcdArgs, file: &Layer) -> Result<Self, ConfigError> {
+        let pick = |c: &Option<PathBuf>, f: &Option<PathBuf>| c.clone().or_else(|| f.clone());
         let s = Self {
+            security: EtcdSecurity {
+                ca: pick(&cli.etcd_ca, &file.etcd_ca),
+                cert: pick(&cli.etcd_cert, &file.etcd_cert),
+                key: pick(&cli.etcd_key, &file.etcd_key),
+                user: cli.etcd_user.clone().or_else(|| file.etcd_user.clone()),
+                password_file: pick(&cli.etcd_password_file, &file.etcd_password_file),
+                password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+            },
             endpoints: cli
                 .etcd_endpoints
                 .clone()
@@ -560,6 +652,7 @@ pub struct EbsSettings {
 pub struct Settings {
     pub etcd: EtcdSettings,
     pub node: NodeId,
+    pub role: Role,
     /// `None`: ask the host (EC2 instance id, else machine id) when the daemon starts.
     pub instance_id: Option<String>,
     pub block_device: Option<PathBuf>,
@@ -581,6 +674,10 @@ pub struct Settings {
     /// `None`: no control socket (leave by SIGTERM only).
     pub control_socket: Option<PathBuf>,
     pub log_json: bool,
+    /// What to do on a self-fence.
+    pub on_fence: OnFenceConfig,
+    /// Where this boot's id is read.
+    pub boot_id_file: PathBuf,
     pub allow_unidentified_namespace: bool,
     pub metrics_listen: Option<std::net::SocketAddr>,
 }
@@ -592,6 +689,7 @@ impl Settings {
     pub fn resolve(cli: &RunArgs, file: Layer) -> Result<Self, ConfigError> {
         let etcd = EtcdSettings::resolve(&cli.etcd, &file)?;
         let l = cli.settings.clone();
+        let on_fence = on_fence_config(cli, &l, &file)?;
         let pick = |c: Option<u64>, f: Option<u64>| c.or(f);
         let node_id = l
             .node_id
@@ -622,6 +720,10 @@ impl Settings {
             },
         );
         check_fencer(fencer, block_device.is_some(), ebs.volume_id.is_some())?;
+        let role = l.role.or(file.role).unwrap_or_default();
+        if role == Role::Controller && fencer == FencerKind::Nvme {
+            return Err(ConfigError::NvmeControllerWithoutAgent);
+        }
         let preempt = match l.preempt.or(file.preempt) {
             Some(PreemptArg::Preempt) => PreemptMode::Preempt,
             Some(PreemptArg::PreemptAndAbort) | None => PreemptMode::PreemptAndAbort,
@@ -721,6 +823,7 @@ impl Settings {
         Ok(Self {
             etcd,
             node,
+            role,
             instance_id,
             block_device,
             fencer,
@@ -738,10 +841,36 @@ impl Settings {
             pid_file: cli.pid_file.clone(),
             control_socket,
             log_json: cli.log_json,
+            on_fence,
+            boot_id_file: cli
+                .boot_id_file
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(fenced::agent::BOOT_ID_FILE)),
             allow_unidentified_namespace: cli.allow_unidentified_namespace,
             metrics_listen: cli.metrics_listen,
         })
     }
+}
+
+/// `--on-fence`, its hook timeout and (tests only) the SysRq file.
+fn on_fence_config(cli: &RunArgs, l: &Layer, file: &Layer) -> Result<OnFenceConfig, ConfigError> {
+    let mut c = OnFenceConfig::default();
+    if let Some(a) = l.on_fence.as_ref().or(file.on_fence.as_ref()) {
+        c.action = a.parse()?;
+    }
+    if let Some(t) = l.on_fence_timeout_secs.or(file.on_fence_timeout_secs) {
+        c.hook_timeout = in_range(
+            "--on-fence-timeout-secs",
+            t,
+            1,
+            limits::MAX_ON_FENCE_TIMEOUT_SECS,
+            "the hook must stop the application quickly; the daemon exits only after it",
+        )?;
+    }
+    if let Some(p) = &cli.sysrq_trigger_file {
+        c.sysrq_trigger.clone_from(p);
+    }
+    Ok(c)
 }
 
 /// The EBS fence's deadline in whole seconds (the claim must outlive it).
@@ -828,7 +957,11 @@ mod tests {
             s.etcd,
             EtcdSettings {
                 endpoints: vec![defaults::ETCD_ENDPOINT.into()],
-                root: defaults::ROOT.into()
+                root: defaults::ROOT.into(),
+                security: EtcdSecurity {
+                    password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+                    ..EtcdSecurity::default()
+                },
             }
         );
         assert_eq!(s.ttl, Duration::from_secs(5));
@@ -839,6 +972,7 @@ mod tests {
         assert_eq!(s.connect_timeout, None);
         assert_eq!(s.etcd_keepalive_timeout, None);
         assert_eq!(s.instance_id, None);
+        assert_eq!(s.role, Role::Both);
     }
 
     #[test]
@@ -1076,6 +1210,80 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().starts_with("invalid node id \"a/b\""), "{e}");
+    }
+
+    /// The commented example installed as /etc/fenced/fenced.toml.
+    const EXAMPLE: &str = include_str!("../../packaging/fenced.toml");
+
+    /// The example's `# key = value` lines, uncommented.
+    fn example_assignments() -> Vec<&'static str> {
+        EXAMPLE
+            .lines()
+            .filter_map(|l| l.strip_prefix("# "))
+            .filter(|l| {
+                l.split_once(" = ").is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_example_config_parses_as_shipped_and_with_every_key_set() {
+        let path = Path::new("packaging/fenced.toml");
+        assert_eq!(
+            parse_file(path, EXAMPLE).unwrap(),
+            Layer::default(),
+            "shipped with every key commented out"
+        );
+        let all = example_assignments().join("\n");
+        // A misspelt key or a value of the wrong type fails here, naming the key.
+        let f = parse_file(path, &all).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(f.node_id.as_deref(), Some("db1"));
+        if cfg!(feature = "ebs") {
+            let s = Settings::resolve(&cli(&[]), f).unwrap_or_else(|e| panic!("{e}"));
+            // "Keys left commented out take the default shown."
+            assert_eq!(s.etcd.endpoints, [defaults::ETCD_ENDPOINT]);
+            assert_eq!(s.etcd.root, defaults::ROOT);
+            assert_eq!(s.ttl, Duration::from_secs(defaults::TTL_SECS));
+            assert_eq!(
+                s.self_fence_margin,
+                defaults::SELF_FENCE_MARGIN_TTLS * s.ttl
+            );
+            assert_eq!(s.claim_ttl, Duration::from_secs(defaults::CLAIM_TTL_SECS));
+            assert_eq!(s.sweep, Duration::from_secs(defaults::SWEEP_SECS));
+            assert_eq!(s.arenas, defaults::ARENAS);
+            assert_eq!(s.preempt, PreemptMode::PreemptAndAbort);
+            assert_eq!(s.fencer, FencerKind::Nvme);
+        }
+    }
+
+    #[test]
+    fn the_example_config_shows_every_key() {
+        // The parser's own list of the keys it accepts, from its unknown-key message
+        // ("unknown field `x`, expected one of `a`, `b`, ...").
+        let e = file("not_a_key = 1").unwrap_err();
+        let ConfigError::Key { message, .. } = &e else {
+            panic!("{e}");
+        };
+        let expected = message
+            .split_once("expected one of ")
+            .unwrap_or_else(|| panic!("no key list in {message:?}"))
+            .1;
+        let keys: Vec<&str> = expected.split(", ").map(|k| k.trim_matches('`')).collect();
+        assert!(
+            keys.contains(&"node_id") && keys.contains(&"root"),
+            "{keys:?}"
+        );
+        let shown: Vec<&str> = example_assignments()
+            .iter()
+            .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))
+            .collect();
+        let missing: Vec<&&str> = keys.iter().filter(|k| !shown.contains(k)).collect();
+        assert!(
+            missing.is_empty(),
+            "packaging/fenced.toml does not show {missing:?}: add a commented `# key = value` line for each"
+        );
     }
 
     #[test]

@@ -16,13 +16,16 @@ use fenced::notify::{Notifier, NotifyError, check_watchdog_timing, watchdog_loop
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 use nvme_resv::NamespaceIdentity;
 
-use crate::config::{EtcdSettings, FencerKind, Settings, file_kind};
+use crate::config::{EtcdSettings, FencerKind, Role, Settings, file_kind};
 use crate::control::{ControlError, ControlSocket, Outcome, PidFile};
 
 /// Exit code of a daemon that self-fenced.
 pub const EXIT_SELF_FENCED: u8 = 3;
 /// Exit code of a leave that could not complete (peers will fence).
 pub const EXIT_LEAVE_INCOMPLETE: u8 = 4;
+/// Exit code of a start refused because this node was fenced since its last join and
+/// the host has not rebooted (nothing written to etcd, no reservation command).
+pub const EXIT_FENCED_SAME_BOOT: u8 = 5;
 /// Longest pause between two attempts to reach etcd.
 const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(10);
 
@@ -40,7 +43,16 @@ pub enum ConnectError {
         #[source]
         source: StoreError,
     },
-    /// An error retrying cannot fix (bad URL, ...).
+    /// The TLS handshake failed or etcd refused the credentials: retrying with the
+    /// same files and user fails the same way.
+    #[error("etcd at {endpoints} refused the connection (presented: {security}): {source}")]
+    Refused {
+        endpoints: String,
+        security: String,
+        #[source]
+        source: StoreError,
+    },
+    /// An error retrying cannot fix (bad URL, a TLS file that cannot be read, ...).
     #[error("cannot use etcd at {endpoints}: {source}")]
     Unusable {
         endpoints: String,
@@ -108,6 +120,11 @@ pub enum DaemonError {
         #[source]
         source: AgentError,
     },
+    #[error("{source}")]
+    BootId {
+        #[source]
+        source: fenced::agent::boot::BootIdError,
+    },
     #[error(transparent)]
     Control(#[from] ControlError),
     #[error(transparent)]
@@ -138,13 +155,19 @@ pub enum DaemonError {
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
 /// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
-/// never). Errors other than "unavailable" (bad URL, ...) are not retried.
+/// never). Errors other than "unavailable" (bad URL, a TLS file that cannot be read,
+/// a certificate or credentials etcd refuses) are not retried. `etcd`'s TLS files
+/// and credentials replace those of `opts`.
 pub async fn connect(
     etcd: &EtcdSettings,
     claim_ttl: Duration,
     opts: &StoreOptions,
     give_up: Option<Duration>,
 ) -> Result<EtcdStore, ConnectError> {
+    let opts = &StoreOptions {
+        security: etcd.security.clone(),
+        ..opts.clone()
+    };
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
@@ -199,6 +222,13 @@ pub async fn connect(
                     endpoints: eps,
                     waited_s: t0.elapsed().as_secs_f32(),
                     attempts: attempt,
+                    source,
+                });
+            }
+            Err(source @ (StoreError::Tls { .. } | StoreError::Denied { .. })) => {
+                return Err(ConnectError::Refused {
+                    endpoints: eps,
+                    security: etcd.security.describe(),
                     source,
                 });
             }
@@ -351,6 +381,13 @@ fn with_ebs(
     nvme.unwrap_or_else(|| Arc::new(NoneFencer))
 }
 
+/// A start refused by the restart rule: the message, and exit status 5.
+fn fenced_same_boot(e: &fenced::agent::FencedSameBoot) -> ExitCode {
+    tracing::error!(step = "restart_check", node = %e.node, generation = e.generation, joined_generation = e.joined_generation, "refusing to register: fenced since the last join, same boot");
+    eprintln!("fenced: {e}");
+    ExitCode::from(EXIT_FENCED_SAME_BOOT)
+}
+
 /// A watchdog is a character device (or a regular file standing in for one, as in
 /// tests: it is warned about). It is opened, and so armed, only by the agent; a FIFO
 /// would block that open and a directory cannot be written, so both are refused here,
@@ -437,6 +474,8 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     if let Some(t) = s.etcd_keepalive_timeout {
         store_opts.keepalive_timeout = t;
     }
+    let boot_id = fenced::agent::read_boot_id(&s.boot_id_file)
+        .map_err(|source| DaemonError::BootId { source })?;
     // Waiting for etcd can take as long as etcd is away: a `fenced leave` meanwhile
     // ends the wait (nothing was joined, nothing is left behind). SIGTERM still has its
     // default action until the agent has joined.
@@ -454,6 +493,19 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             return Ok(ExitCode::SUCCESS);
         }
     };
+    let node = s.node;
+    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
+    // The restart rule, before this daemon writes anything (see fenced::agent::boot).
+    cfg.boot_id = Some(boot_id);
+    cfg.on_fence = s.on_fence;
+    // A controller alone registers no key, so the restart rule does not apply to it.
+    if s.role != Role::Controller {
+        match Agent::check_restart(&store, &cfg).await {
+            Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+            Err(source) => return Err(DaemonError::Agent { source }),
+            Ok(_) => {}
+        }
+    }
     let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device, &namespace) {
         (FencerKind::Nvme, Some(d), Some(id)) => Some(Arc::new(
             // Every fence identifies the device again and compares it with the record.
@@ -472,40 +524,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .await
             .map_err(|source| DaemonError::SeedArenas { source })?;
     }
-    let node = s.node;
-    let mut cfg = AgentConfig::new(node.clone(), instance.clone());
-    cfg.ttl = s.ttl;
-    cfg.self_fence_margin = s.self_fence_margin;
-    cfg.arenas = s.arenas;
-    cfg.watchdog_device = s.watchdog_device;
-    cfg.namespace = namespace;
-    cfg.observer = observer.clone();
-    observer.set_status(format!("joining as {node}: unfencing, claiming arenas"));
-    let agent = Agent::start(store.clone(), cfg, device, own_key)
-        .await
-        .map_err(|source| DaemonError::Agent { source })?;
     let _endpoints = AbortOnDrop(tokio::spawn(fenced::metrics::follow_endpoints(
         store.clone(),
         observer.clone(),
     )));
-    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
-    ccfg.sweep_interval = s.sweep;
-    ccfg.own_node = Some(node.clone());
-    ccfg.observer = observer.clone();
-    let controller = Controller::new(store, fencer, ccfg).spawn();
-    // Joined, unfenced, arenas claimed: ready.
-    observer.ready(format!(
-        "member {node} at generation {}",
-        agent.generation()
-    ));
-    let _watchdog = notifier.watchdog().map(|wd| {
-        AbortOnDrop(tokio::spawn(watchdog_loop(
-            notifier.clone(),
-            observer.clone(),
-            wd,
-        )))
-    });
-    tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
     let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
@@ -520,9 +542,55 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             "leaving: {node} quiesces I/O, returns its arenas, departs"
         ));
     };
+    // `--role`: the controller alone joins nothing and runs until told to stop; the
+    // agent alone fences no one.
+    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+    ccfg.sweep_interval = s.sweep;
+    ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
+    ccfg.observer = observer.clone();
+    let _watchdog = notifier.watchdog().map(|wd| {
+        AbortOnDrop(tokio::spawn(watchdog_loop(
+            notifier.clone(),
+            observer.clone(),
+            wd,
+        )))
+    });
+    if s.role == Role::Controller {
+        let controller = Controller::new(store, fencer, ccfg).spawn();
+        observer.ready_without_agent(format!("controller {node} running (no membership)"));
+        tracing::info!(node = %node, instance = %instance, role = "controller", "fenced running (controller only)");
+        leave.await;
+        controller.abort();
+        if let Some(c) = &control {
+            c.answer(&Outcome::Left).await;
+        }
+        drop(control);
+        drop(pid_file);
+        return Ok(ExitCode::SUCCESS);
+    }
+    cfg.ttl = s.ttl;
+    cfg.self_fence_margin = s.self_fence_margin;
+    cfg.arenas = s.arenas;
+    cfg.watchdog_device = s.watchdog_device;
+    cfg.namespace = namespace;
+    cfg.observer = observer.clone();
+    observer.set_status(format!("joining as {node}: unfencing, claiming arenas"));
+    let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
+        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+        r => r.map_err(|source| DaemonError::Agent { source })?,
+    };
+    let controller = (s.role == Role::Both).then(|| Controller::new(store, fencer, ccfg).spawn());
+    // Joined, unfenced, arenas claimed: ready.
+    observer.ready(format!(
+        "member {node} at generation {}",
+        agent.generation()
+    ));
+    tracing::info!(node = %node, instance = %instance, role = ?s.role, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let exit = agent.run(leave).await;
     observer.set_joined(false);
-    controller.abort();
+    if let Some(c) = controller {
+        c.abort();
+    }
     let outcome = match &exit {
         AgentExit::Left => Outcome::Left,
         AgentExit::LeaveIncomplete { reason } => Outcome::Incomplete(reason.clone()),

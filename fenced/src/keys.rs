@@ -13,6 +13,7 @@
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
 //! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
 //! <root>/instance/<node>              instance id the node last joined with
+//! <root>/boot/<node>                  JSON: boot id and generation of the last join
 //! <root>/namespace                    create-only, JSON identity of the shared
 //!                                     namespace (NGUID, EUI-64, subsystem NQN)
 //! ```
@@ -308,6 +309,13 @@ impl Keys {
         instance, instance_prefix, "instance"
     );
 
+    node_key!(
+        /// `boot/<node>`: the host's boot id and the node's generation at its last
+        /// join (or at `fenced unfence`). A start on the same boot whose generation
+        /// moved past it was fenced since: it is refused (`crate::agent::boot`).
+        boot, boot_prefix, "boot"
+    );
+
     /// `arena_owner/<arena>`: owner of one arena.
     pub fn arena_owner(&self, arena: &str) -> String {
         format!("{}arena_owner/{arena}", self.root)
@@ -450,6 +458,7 @@ mod tests {
         assert_eq!(k.claim(&n), "/fenced/fence_claim/n1");
         assert_eq!(k.done(&n), "/fenced/fence_done/n1");
         assert_eq!(k.departed(&n), "/fenced/departed/n1");
+        assert_eq!(k.boot(&n), "/fenced/boot/n1");
         assert_eq!(k.arena_node(&n, "a7"), "/fenced/arena_node/n1/a7");
         assert_eq!(k.audit(&n, 3), "/fenced/audit/n1/00000000000000000003");
         assert_eq!(

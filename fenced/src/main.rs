@@ -9,12 +9,13 @@
 mod config;
 mod control;
 mod daemon;
+mod generate;
 mod logging;
 mod ops;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{ConfigError, RunArgs, Settings};
 use crate::daemon::DaemonError;
@@ -58,9 +59,23 @@ enum Cmd {
     /// fenced since its last membership is reported ("already fenced at generation
     /// G", exit 0) and not bumped again.
     Attest(ops::attest::AttestArgs),
+    /// Approve another operator's pending `fenced attest --approvals 2` of NODE (as a
+    /// different identity, with your own reason).
+    Approve(ops::attest::ApproveArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart)
     /// over its control socket; no process is signalled.
     Leave(ops::leave::LeaveArgs),
+    /// Let a node fenced since its last join register again on its next start without
+    /// a reboot of its host (audited; refused while the node is a member). Only once
+    /// nothing on that host still writes the shared device.
+    Unfence(ops::unfence::UnfenceArgs),
+    /// Print the etcd roles that confine each node to its own keys (one per node, a
+    /// controller role, an operator role) as etcdctl commands; --apply creates them
+    /// (and a certificate-identified user per node) through etcd's auth API.
+    EtcdRoles(ops::roles::RolesArgs),
+    /// Man pages and shell completions, for packaging.
+    #[command(hide = true)]
+    Generate(generate::GenerateArgs),
 }
 
 /// Why a command failed; printed as one line `fenced: ...` with its causes.
@@ -74,6 +89,8 @@ enum Error {
     Op(#[from] OpError),
     #[error(transparent)]
     Leave(#[from] ops::leave::LeaveError),
+    #[error(transparent)]
+    Generate(#[from] generate::GenerateError),
 }
 
 /// The error and its causes on one line; a cause already quoted by the message
@@ -104,7 +121,14 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Check(args) => ops::check::check(args).await?,
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
+        Cmd::Approve(args) => ops::attest::approve(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
+        Cmd::Unfence(args) => ops::unfence::unfence(args).await?,
+        Cmd::EtcdRoles(args) => ops::roles::etcd_roles(args).await?,
+        Cmd::Generate(args) => {
+            generate::generate(args, Cli::command())?;
+            ExitCode::SUCCESS
+        }
     })
 }
 

@@ -237,6 +237,9 @@ struct AgentTick {
 struct State {
     tasks: BTreeMap<&'static str, TaskState>,
     joined: bool,
+    /// A controller-only daemon (`--role controller`) runs no agent: readiness does
+    /// not wait for its lease.
+    no_agent: bool,
     agent: Option<AgentTick>,
     /// What `STATUS=` says besides the fences in progress.
     status: String,
@@ -389,6 +392,13 @@ impl Observer {
         }
     }
 
+    /// A daemon without an agent (`--role controller`) is running: `READY=1`;
+    /// readiness is then "running, not leaving", with no lease to be fresh.
+    pub fn ready_without_agent(&self, status: impl Into<String>) {
+        self.state().no_agent = true;
+        self.ready(status);
+    }
+
     /// We joined (READY) or stopped being a member (leaving, self-fenced).
     pub fn set_joined(&self, joined: bool) {
         self.state().joined = joined;
@@ -470,6 +480,9 @@ impl Observer {
         let s = self.state();
         if !s.joined {
             return Err("not a member (starting, leaving or self-fenced)".to_owned());
+        }
+        if s.no_agent {
+            return Ok(());
         }
         let Some(a) = s.agent else {
             return Err("the agent has not checked its lease yet".to_owned());
@@ -818,6 +831,10 @@ mod tests {
         assert!(o.healthz(later).unwrap_err().contains("keepalive stopped"));
         o.set_joined(false);
         assert!(o.ready_at(later).unwrap_err().contains("not a member"));
+        // A controller-only daemon has no lease to wait for.
+        let c = Observer::new();
+        c.ready_without_agent("controller c1 running");
+        assert_eq!(c.watchdog_ok(Instant::now()), Ok(()));
     }
 
     #[test]

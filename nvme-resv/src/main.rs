@@ -60,6 +60,42 @@ enum Verb {
         /// digit (the rule fenced applies).
         node_id: NodeId,
     },
+    /// For packaging: write nvme-resv.1 and one page per verb into MAN_DIR, and the
+    /// bash completion (nvme-resv.bash) into COMPLETIONS_DIR.
+    #[command(hide = true)]
+    Generate {
+        man_dir: PathBuf,
+        completions_dir: PathBuf,
+    },
+}
+
+/// `nvme-resv generate`: the man pages and the bash completion, from these definitions.
+fn generate(man_dir: &std::path::Path, completions_dir: &std::path::Path) -> ExitCode {
+    use clap::CommandFactory;
+    let result = std::fs::create_dir_all(man_dir)
+        .and_then(|()| clap_mangen::generate_to(Cli::command(), man_dir))
+        .map_err(|e| (man_dir, e))
+        .and_then(|()| {
+            std::fs::create_dir_all(completions_dir)
+                .and_then(|()| {
+                    let shell = clap_complete::Shell::Bash;
+                    clap_complete::generate_to(
+                        shell,
+                        &mut Cli::command(),
+                        "nvme-resv",
+                        completions_dir,
+                    )
+                })
+                .map(drop)
+                .map_err(|e| (completions_dir, e))
+        });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err((dir, e)) => {
+            eprintln!("nvme-resv: error: cannot write into {}: {e}", dir.display());
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -281,6 +317,8 @@ fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
         Verb::KeyForNode { node_id } => {
             println!("{}", node_id.key());
         }
+        // Handled by `main` before `run`: it writes files, not a device.
+        Verb::Generate { .. } => {}
         Verb::Register(a) => {
             let cmd = Register {
                 rrega: a.rrega,
@@ -458,6 +496,13 @@ fn hint(e: &Error, dev: Option<&PathBuf>) -> Option<String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Verb::Generate {
+        man_dir,
+        completions_dir,
+    } = &cli.verb
+    {
+        return generate(man_dir, completions_dir);
+    }
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err((e, dev)) => {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use nvme_resv::{Cptpl, Key, Register, RegisterAction};
 
 use super::blocking;
-use crate::fencer::Device;
+use crate::fencer::{Device, key_registered};
 use crate::node::NodeId;
 use crate::ports::LeaveStore;
 use crate::store::StoreError;
@@ -23,6 +23,13 @@ pub(super) enum LeaveFailure {
         attempts: u32,
         source: StoreError,
     },
+    /// Our reservation key could not be removed (or is still registered after the
+    /// unregister): this host may still write, so no arena is returned and no
+    /// departure is announced; peers fence the node as usual.
+    #[error(
+        "our reservation key {key:#x} is not unregistered ({why}): this host may still write, so no arena is returned and no departure is announced"
+    )]
+    StillRegistered { key: u64, why: String },
     /// An arena we owned was taken over (our membership is no longer the owner's).
     #[error("arena {arena} is not ours any more")]
     ArenaNotOurs { arena: String },
@@ -71,8 +78,41 @@ where
     }
 }
 
-/// The etcd and device steps of leaving, after quiescence: return our arenas,
-/// unregister our key, write the departure marker. `Err`: why the leave is incomplete.
+/// Unregisters our key and checks, with a report, that it is gone: from then on the
+/// device refuses every write of this host (Write Exclusive - All Registrants).
+async fn unregister(device: Device, key: Key) -> Result<(), LeaveFailure> {
+    let r = blocking(move || -> Result<bool, nvme_resv::Error> {
+        device.register(&Register {
+            rrega: RegisterAction::Unregister,
+            crkey: key,
+            nrkey: Key(0),
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        })?;
+        Ok(key_registered(&device.report()?, key))
+    })
+    .await;
+    match r {
+        Ok(false) => Ok(()),
+        Ok(true) => Err(LeaveFailure::StillRegistered {
+            key: key.0,
+            why: "the report still lists it after the unregister".into(),
+        }),
+        Err(e) => Err(LeaveFailure::StillRegistered {
+            key: key.0,
+            why: format!("the device refused: {e}"),
+        }),
+    }
+}
+
+/// The etcd and device steps of leaving, after quiescence: unregister our key (so
+/// this host can no longer write), return our arenas, write the departure marker.
+/// `Err`: why the leave is incomplete.
+///
+/// The key goes first: an application on this host that ignored the quiesce (another
+/// process) could otherwise still write into an arena already handed to another node.
+/// Without a device (`--fencer none`, EBS) there is nothing to unregister and the
+/// quiesce is all this host can do.
 pub(super) async fn leave_steps<S: LeaveStore>(
     store: S,
     node: NodeId,
@@ -81,6 +121,10 @@ pub(super) async fn leave_steps<S: LeaveStore>(
     device: Option<(Device, Key)>,
     deadline: Instant,
 ) -> Result<(), LeaveFailure> {
+    if let Some((device, key)) = device {
+        unregister(device, key).await?;
+        tracing::info!(step = "unregister", node = %node, key = format_args!("{:#x}", key.0), "reservation key unregistered: this host can no longer write");
+    }
     let owned = retry_unreachable(&node, "reading our arenas", deadline, || {
         store.owned_arenas(&node)
     })
@@ -96,21 +140,6 @@ pub(super) async fn leave_steps<S: LeaveStore>(
             });
         }
         tracing::info!(step = "release_own_arenas", node = %node, arena = %arena, "arena returned");
-    }
-    if let Some((device, key)) = device {
-        let r = blocking(move || {
-            device.register(&Register {
-                rrega: RegisterAction::Unregister,
-                crkey: key,
-                nrkey: Key(0),
-                iekey: false,
-                cptpl: Cptpl::NoChange,
-            })
-        })
-        .await;
-        if let Err(e) = r {
-            tracing::warn!(node = %node, error = %e, "unregistering our key failed");
-        }
     }
     // A retried departure whose earlier attempt timed out may have been applied by
     // etcd: then the retry is refused although we departed. Say so rather than guess.
@@ -164,6 +193,114 @@ mod tests {
         assert!(s.free.contains("a1") && s.free.contains("a2"));
         assert!(!s.members.contains_key(&n("n1")));
         assert_eq!(s.departed.get(&n("n1")).map(|d| d.0.as_str()), Some("i-1"));
+    }
+
+    /// A device that records, at our unregister, whether any arena was already back in
+    /// the free pool.
+    #[derive(Debug)]
+    struct Spy {
+        host: nvme_resv::model::Host,
+        store: MemStore,
+        free_at_unregister: std::sync::Mutex<Option<bool>>,
+    }
+
+    impl nvme_resv::Reservations for Spy {
+        fn register(&self, cmd: &Register) -> nvme_resv::Result<()> {
+            if cmd.rrega == RegisterAction::Unregister {
+                *self.free_at_unregister.lock().unwrap() =
+                    Some(!self.store.state().free.is_empty());
+            }
+            self.host.register(cmd)
+        }
+        fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
+            self.host.acquire(cmd)
+        }
+        fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
+            self.host.release(cmd)
+        }
+        fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
+            self.host.report()
+        }
+    }
+
+    fn registered_host(key: Key) -> nvme_resv::model::Host {
+        use nvme_resv::Reservations;
+        let host = nvme_resv::model::Namespace::new().host(nvme_resv::HostId([1; 16]));
+        host.register(&Register {
+            rrega: RegisterAction::Register,
+            crkey: Key(0),
+            nrkey: key,
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        })
+        .unwrap();
+        host
+    }
+
+    #[tokio::test]
+    async fn the_key_is_unregistered_before_any_arena_is_returned() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.give_arena(&n("n1"), "a1");
+        let key = Key(0x11);
+        let spy = std::sync::Arc::new(Spy {
+            host: registered_host(key),
+            store: store.clone(),
+            free_at_unregister: std::sync::Mutex::new(None),
+        });
+        let device: Device = spy.clone();
+        leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            Some((device, key)),
+            soon(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            *spy.free_at_unregister.lock().unwrap(),
+            Some(false),
+            "an arena was returned while this host could still write"
+        );
+        assert!(!key_registered(&spy.host.namespace().snapshot(), key));
+        let s = store.state();
+        assert!(s.free.contains("a1") && s.departed.contains_key(&n("n1")));
+    }
+
+    #[tokio::test]
+    async fn a_failed_unregister_returns_nothing_and_announces_no_departure() {
+        let store = MemStore::new();
+        let rev = store.join(&n("n1"), "i-1");
+        store.give_arena(&n("n1"), "a1");
+        let key = Key(0x11);
+        let host = registered_host(key);
+        host.namespace().fail_next(
+            nvme_resv::Operation::Register,
+            nvme_resv::NvmeStatus::INTERNAL,
+        );
+        let device: Device = std::sync::Arc::new(host.clone());
+        let e = leave_steps(
+            store.clone(),
+            n("n1"),
+            "i-1".into(),
+            rev,
+            Some((device, key)),
+            soon(),
+        )
+        .await
+        .unwrap_err();
+        assert!(
+            matches!(e, LeaveFailure::StillRegistered { key: 0x11, .. }),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no departure is announced"), "{e}");
+        assert!(key_registered(&host.namespace().snapshot(), key));
+        let s = store.state();
+        assert!(s.free.is_empty(), "an arena was returned");
+        assert!(s.departed.is_empty(), "a departure was announced");
+        assert!(s.members.contains_key(&n("n1")));
     }
 
     #[tokio::test]

@@ -15,7 +15,7 @@ use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
 use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
-use crate::store::{EtcdStore, Joined, StoreError};
+use crate::store::{EtcdStore, Joined, RestartState, StoreError};
 
 /// Agent settings.
 #[derive(Debug, Clone)]
@@ -42,6 +42,14 @@ pub struct AgentConfig {
     /// unreachable (a partition, an election). The self-fence margin still applies
     /// while leaving: a leave that cannot reach etcd self-fences like a running agent.
     pub leave_timeout: Duration,
+    /// This boot of the host (`/proc/sys/kernel/random/boot_id`, see [`boot`]). The
+    /// join records it; a start on the same boot after a fence since the last join is
+    /// refused ([`AgentError::FencedSameBoot`]). `None`: neither recorded nor checked
+    /// (library tests that run several "hosts" in one process); the daemon always
+    /// sets it.
+    pub boot_id: Option<String>,
+    /// What to do to the rest of the host when this agent self-fences.
+    pub on_fence: OnFenceConfig,
     /// Our device's namespace identity: recorded as the shared namespace at the first
     /// join, compared at every later join (a different namespace is refused before
     /// anything is registered). `None`: no check (no reservation device).
@@ -66,16 +74,23 @@ impl AgentConfig {
             watchdog_device: None,
             join_timeout: Duration::from_secs(30),
             leave_timeout: Duration::from_secs(20),
+            boot_id: None,
+            on_fence: OnFenceConfig::default(),
             namespace: None,
             observer: crate::metrics::Observer::default(),
         }
     }
 }
 
+pub mod boot;
 pub mod identity;
 mod keepalive;
 mod leave;
+pub mod on_fence;
 mod own_membership;
+
+pub use boot::{BOOT_ID_FILE, FencedSameBoot, read_boot_id};
+pub use on_fence::{OnFence, OnFenceConfig, OnFenceOutcome};
 
 use keepalive::spawn_keepalive;
 use leave::leave_steps;
@@ -193,6 +208,10 @@ pub enum AgentError {
         /// Our node.
         node: NodeId,
     },
+    /// Fenced since the last join and the host has not rebooted: not registering.
+    /// Nothing was written to etcd and no device command was sent.
+    #[error(transparent)]
+    FencedSameBoot(#[from] FencedSameBoot),
 }
 
 /// A running node agent.
@@ -259,6 +278,9 @@ impl Agent {
             })?),
             None => None,
         };
+        // Before any write: a node fenced since its last join does not come back on
+        // the same boot.
+        let mut seen = Self::check_restart(&store, &cfg).await?;
         if let Some(ours) = &cfg.namespace {
             identity::check_namespace(&store, &cfg.node, ours).await?;
         }
@@ -273,7 +295,16 @@ impl Agent {
         );
         let t0 = Instant::now();
         let joined = loop {
-            if let Some(j) = store.join(&cfg.node, &cfg.instance, lease).await? {
+            if let Some(j) = store
+                .join(
+                    &cfg.node,
+                    &cfg.instance,
+                    lease,
+                    &seen,
+                    cfg.boot_id.as_deref(),
+                )
+                .await?
+            {
                 break j;
             }
             if t0.elapsed() > cfg.join_timeout {
@@ -285,6 +316,15 @@ impl Agent {
                 });
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
+            // The join is conditioned on the generation we checked: read and check again.
+            seen = match Self::check_restart(&store, &cfg).await {
+                Ok(s) => s,
+                Err(e) => {
+                    keepalive.abort();
+                    let _ = store.revoke(lease).await;
+                    return Err(e);
+                }
+            };
         };
         tracing::info!(step = "join", node = %cfg.node, instance = %cfg.instance, lease, membership_rev = joined.membership_rev, "joined membership");
         tracing::info!(step = "read_own_generation", node = %cfg.node, generation = joined.generation, "generation read");
@@ -305,6 +345,21 @@ impl Agent {
         agent.unfence().await?;
         agent.claim_arenas().await?;
         Ok(agent)
+    }
+
+    /// The restart rule ([`boot`]): reads the node's boot record and generation (one
+    /// read, no write) and refuses with [`AgentError::FencedSameBoot`] when it was
+    /// fenced since its last join from this same boot. The daemon calls it before any
+    /// etcd write of its own; [`Agent::start`] calls it again.
+    pub async fn check_restart(
+        store: &EtcdStore,
+        cfg: &AgentConfig,
+    ) -> Result<RestartState, AgentError> {
+        let seen = store.restart_state(&cfg.node).await?;
+        if let Some(boot_id) = &cfg.boot_id {
+            boot::check_restart(&cfg.node, &seen, boot_id)?;
+        }
+        Ok(seen)
     }
 
     async fn unfence(&self) -> Result<(), AgentError> {
@@ -458,8 +513,20 @@ impl Agent {
     }
 
     /// Keeps the lease alive, checks the device, and self-fences when needed, until
-    /// `leave` completes (SIGTERM / `fenced leave`), then leaves.
-    pub async fn run(mut self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
+    /// `leave` completes (SIGTERM / `fenced leave`), then leaves. After a self-fence
+    /// it runs the on-fence action ([`AgentConfig::on_fence`]) before returning.
+    pub async fn run(self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
+        let on_fence = self.cfg.on_fence.clone();
+        let node = self.cfg.node.clone();
+        let generation = self.joined.generation;
+        let exit = self.run_until_exit(leave).await;
+        if let AgentExit::SelfFenced { reason } = &exit {
+            on_fence::on_fence(&on_fence, &node, generation, reason).await;
+        }
+        exit
+    }
+
+    async fn run_until_exit(mut self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
         let mut watchdog = Watchdog::new(self.cfg.self_fence_margin, self.granted_at);
         let mut renewals = self.renewals.clone();
         let mut tick_wd = tokio::time::interval(Duration::from_millis(100));

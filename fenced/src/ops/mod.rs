@@ -1,4 +1,5 @@
-//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`.
+//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`,
+//! `etcd-roles`.
 //! Each connects (when it needs etcd) with [`connect`], waiting at most
 //! [`CLI_ETCD_WAIT`].
 
@@ -8,7 +9,9 @@ pub mod check;
 pub mod format;
 pub mod leave;
 pub mod probe;
+pub mod roles;
 pub mod status;
+pub mod unfence;
 
 use std::time::Duration;
 
@@ -45,6 +48,8 @@ pub enum OpError {
     Attest(#[from] attest::AttestError),
     #[error(transparent)]
     Leave(#[from] leave::LeaveError),
+    #[error(transparent)]
+    Unfence(#[from] unfence::UnfenceError),
 }
 
 impl OpError {

@@ -174,10 +174,21 @@ pub async fn probe_endpoints(
     opts: &StoreOptions,
 ) -> Vec<(String, Option<String>)> {
     let timeout = opts.connect_timeout.min(opts.health_timeout);
-    let popts = ConnectOptions::new().with_connect_timeout(timeout);
+    // Same TLS and credentials as the store (files already checked when it connected;
+    // if they fail here the endpoint is probed by TCP connect only).
+    let popts = opts
+        .security
+        .apply(
+            endpoints,
+            ConnectOptions::new().with_connect_timeout(timeout),
+        )
+        .ok();
     let mut set = tokio::task::JoinSet::new();
     for (i, ep) in endpoints.iter().enumerate() {
-        let client = Client::connect([ep], Some(popts.clone())).await.ok();
+        let client = match &popts {
+            Some(p) => Client::connect([ep], Some(p.clone())).await.ok(),
+            None => None,
+        };
         let probe = probe_endpoint(ep.clone(), client, key.to_owned(), timeout);
         set.spawn(async move { (i, probe.await) });
     }
@@ -252,10 +263,18 @@ impl EndpointHealth {
         let popts = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+        // Same TLS and credentials as the store, which already checked them.
+        let popts = opts.security.apply(endpoints, popts);
         let mut targets = Vec::with_capacity(endpoints.len());
         for ep in endpoints {
             // Lazy: nothing is sent before the first probe.
-            let client = match Client::connect([ep], Some(popts.clone())).await {
+            let connected = match &popts {
+                Ok(p) => Client::connect([ep], Some(p.clone()))
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let client = match connected {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(step = "etcd_endpoint", endpoint = %ep, error = %e, "cannot build a probe client for etcd endpoint {ep}: probing it by TCP connect only (a hung member there stays in rotation)");

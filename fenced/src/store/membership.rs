@@ -8,9 +8,55 @@ use etcd_client::{
     WatchStream,
 };
 
-use super::{EtcdStore, Result, StoreError, absent, kvs, parse_u64, revision};
+use super::{EtcdStore, Result, StoreError, absent, kvs, parse_u64, revision, text};
 use crate::core::attest::LivenessRecord;
 use crate::node::NodeId;
+
+/// `boot/<node>`: which boot of the host the node last joined from, and the
+/// generation it joined with (or that `fenced unfence` acknowledged).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BootRecord {
+    /// The host's boot id (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    /// The node's generation at that join (or unfence).
+    pub generation: u64,
+    /// Who wrote it: [`BootRecord::BY_JOIN`] or [`BootRecord::BY_UNFENCE`].
+    pub by: String,
+}
+
+impl BootRecord {
+    /// Written by the agent's join.
+    pub const BY_JOIN: &'static str = "join";
+    /// Written by `fenced unfence`.
+    pub const BY_UNFENCE: &'static str = "unfence";
+
+    /// The record as stored.
+    pub fn to_json(&self) -> String {
+        serde_json::json!({
+            "boot_id": self.boot_id,
+            "generation": self.generation,
+            "by": self.by,
+        })
+        .to_string()
+    }
+}
+
+/// What a start reads before writing anything ([`EtcdStore::restart_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RestartState {
+    /// `boot/<node>`, if the node ever joined with a boot id.
+    pub boot: Option<BootRecord>,
+    /// `mod_revision` of `boot/<node>` (0: absent).
+    pub boot_rev: i64,
+    /// `gen/<node>` (0 when absent).
+    pub generation: u64,
+    /// `mod_revision` of `gen/<node>` (0: absent, the node never joined).
+    pub generation_rev: i64,
+    /// `membership/<node>` is present.
+    pub member: bool,
+    /// The store revision of the read.
+    pub revision: i64,
+}
 
 /// The result of a join transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,46 +126,128 @@ impl EtcdStore {
             .map_err(|e| StoreError::classify("watch", e))
     }
 
-    /// `join`: `membership/<node>` on `lease` (value = instance id), dropping a stale
-    /// intent, mark and departure marker, reading our generation. Refused (returns
-    /// `None`) while a controller holds a fence claim on us or we are already a member.
-    pub async fn join(&self, node: &NodeId, instance: &str, lease: i64) -> Result<Option<Joined>> {
+    /// What a start reads before it writes anything: the boot record of the node's last
+    /// join, its generation (and that key's revision, which the join is conditioned on)
+    /// and whether it is a member. One read; nothing is written.
+    pub async fn restart_state(&self, node: &NodeId) -> Result<RestartState> {
         let k = &self.keys;
-        let txn = Txn::new()
-            .when(vec![absent(k.claim(node)), absent(k.membership(node))])
-            .and_then(vec![
-                TxnOp::put(
-                    k.membership(node),
-                    instance,
-                    Some(PutOptions::new().with_lease(lease)),
+        let txn = Txn::new().and_then(vec![
+            TxnOp::get(k.boot(node), None),
+            TxnOp::get(k.generation(node), None),
+            TxnOp::get(k.membership(node), None),
+        ]);
+        let resp = self.txn("restart_state", txn).await?;
+        let ops = resp.op_responses();
+        let (boot, boot_rev) = match kvs(&ops[0]).first() {
+            Some(kv) => (
+                Some(
+                    serde_json::from_slice::<BootRecord>(kv.value()).map_err(|e| {
+                        StoreError::Malformed {
+                            key: k.boot(node),
+                            what: format!("{:?}: {e}", text(kv)),
+                        }
+                    })?,
                 ),
-                TxnOp::delete(k.pending(node), None),
-                TxnOp::delete(k.done(node), None),
-                TxnOp::delete(k.departed(node), None),
-                TxnOp::get(k.generation(node), None),
-                TxnOp::put(k.instance(node), instance, None),
-            ]);
+                kv.mod_revision(),
+            ),
+            None => (None, 0),
+        };
+        let (generation, generation_rev) = match kvs(&ops[1]).first() {
+            Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
+            None => (0, 0),
+        };
+        Ok(RestartState {
+            boot,
+            boot_rev,
+            generation,
+            generation_rev,
+            member: !kvs(&ops[2]).is_empty(),
+            revision: revision(&resp),
+        })
+    }
+
+    /// `join`: `membership/<node>` on `lease` (value = instance id), dropping a stale
+    /// intent, mark and departure marker, and recording `boot/<node>` (this host's boot
+    /// id and the generation joined with) when `boot_id` is given. The generation is
+    /// the one `seen` read: the join is conditioned on `gen/<node>` being unchanged
+    /// since, so a fence completing between the restart check and the join refuses the
+    /// join (the caller reads and checks again). Refused (returns `None`) while a
+    /// controller holds a fence claim on us, we are already a member, or our generation
+    /// moved.
+    pub async fn join(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        lease: i64,
+        seen: &RestartState,
+        boot_id: Option<&str>,
+    ) -> Result<Option<Joined>> {
+        let k = &self.keys;
+        let mut ops = vec![
+            TxnOp::put(
+                k.membership(node),
+                instance,
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::delete(k.pending(node), None),
+            TxnOp::delete(k.done(node), None),
+            TxnOp::delete(k.departed(node), None),
+            TxnOp::put(k.instance(node), instance, None),
+        ];
+        if seen.generation_rev == 0 {
+            // First join ever: make the node known to the sweep by `gen/`.
+            ops.push(TxnOp::put(k.generation(node), "0", None));
+        }
+        if let Some(boot_id) = boot_id {
+            let record = BootRecord {
+                boot_id: boot_id.to_owned(),
+                generation: seen.generation,
+                by: BootRecord::BY_JOIN.to_owned(),
+            };
+            ops.push(TxnOp::put(k.boot(node), record.to_json(), None));
+        }
+        let txn = Txn::new()
+            .when(vec![
+                absent(k.claim(node)),
+                absent(k.membership(node)),
+                Compare::mod_revision(k.generation(node), CompareOp::Equal, seen.generation_rev),
+            ])
+            .and_then(ops);
         let resp = self.txn("join", txn).await?;
         if !resp.succeeded() {
             return Ok(None);
         }
-        let membership_rev = revision(&resp);
-        let ops = resp.op_responses();
-        let generation = match kvs(&ops[4]).first() {
-            Some(kv) => parse_u64(kv)?,
-            None => {
-                // First join ever: make the node known to the sweep by `gen/`.
-                let txn = Txn::new()
-                    .when(vec![absent(k.generation(node))])
-                    .and_then(vec![TxnOp::put(k.generation(node), "0", None)]);
-                self.txn("join", txn).await?;
-                0
-            }
-        };
         Ok(Some(Joined {
-            membership_rev,
-            generation,
+            membership_rev: revision(&resp),
+            generation: seen.generation,
         }))
+    }
+
+    /// `unfence` (operator): rewrites `boot/<node>` to the current generation and
+    /// writes `audit_json` at `audit/<node>/<generation>.unfence.<unix_ms>`, in one
+    /// transaction conditioned on what `seen` read (no membership, generation and boot
+    /// record unchanged). `false`: something changed meanwhile, nothing written.
+    pub async fn unfence(
+        &self,
+        node: &NodeId,
+        seen: &RestartState,
+        record: &BootRecord,
+        unix_ms: u64,
+        audit_json: String,
+    ) -> Result<bool> {
+        let k = &self.keys;
+        let audit_key = format!("{}.unfence.{unix_ms}", k.audit(node, seen.generation));
+        let txn = Txn::new()
+            .when(vec![
+                absent(k.membership(node)),
+                Compare::mod_revision(k.generation(node), CompareOp::Equal, seen.generation_rev),
+                Compare::mod_revision(k.boot(node), CompareOp::Equal, seen.boot_rev),
+            ])
+            .and_then(vec![
+                TxnOp::put(k.boot(node), record.to_json(), None),
+                TxnOp::put(audit_key, audit_json, None),
+            ]);
+        Ok(self.txn("unfence", txn).await?.succeeded())
     }
 
     /// `read_own_generation` (and anyone's): the generation and its mod revision.

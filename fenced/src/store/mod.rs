@@ -27,6 +27,7 @@ use tokio::sync::Mutex;
 
 use crate::keys::Keys;
 
+mod approvals;
 mod arenas;
 mod error;
 mod fence;
@@ -34,12 +35,17 @@ mod health;
 mod identity;
 mod membership;
 mod operator;
+pub mod roles;
+mod rows;
+mod security;
 mod view;
 
+pub use approvals::Approval;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, probe_endpoints};
-pub use membership::Joined;
+pub use membership::{BootRecord, Joined, RestartState};
+pub use security::{EtcdSecurity, SecurityError};
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
     decode_audit, decode_liveness, json_text,
@@ -180,6 +186,9 @@ pub struct StoreOptions {
     /// Keep it well under the lease TTL: keepalives sitting on a hung member are
     /// moved only once it is detected (up to 500 ms + this later).
     pub health_timeout: Duration,
+    /// TLS files and credentials of every connection (the store's and the health
+    /// probe's).
+    pub security: EtcdSecurity,
 }
 
 impl Default for StoreOptions {
@@ -194,6 +203,7 @@ impl Default for StoreOptions {
             keepalive_timeout: Duration::from_secs(2),
             first_attempt_timeout: Duration::from_secs(2),
             health_timeout: Duration::from_secs(1),
+            security: EtcdSecurity::default(),
         }
     }
 }
@@ -235,6 +245,7 @@ impl EtcdStore {
             .with_connect_timeout(opts.connect_timeout)
             .with_timeout(opts.request_timeout)
             .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+        let copts = opts.security.apply(endpoints, copts)?;
         let client = Client::connect(endpoints, Some(copts))
             .await
             .map_err(|e| StoreError::classify("connect", e))?;

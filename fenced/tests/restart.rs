@@ -1,0 +1,418 @@
+//! A restart does not unfence (issue 14, part 1): the `fenced` binary as child processes
+//! against a real etcd (`--fencer none`, no device). A node fenced since its last join
+//! whose daemon starts again on the same boot of its host is refused (exit status 5,
+//! nothing written to etcd); a new boot id (a reboot) or `fenced unfence` lets it join.
+//!
+//! The boot id is read from `FENCED_BOOT_ID_FILE` (a test-only override of
+//! /proc/sys/kernel/random/boot_id): every daemon here runs on one machine, and a test
+//! "reboots" a node's host by writing a new id into its file.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::etcd::Etcd;
+
+const ROOT: &str = "/restart";
+
+fn fenced() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fenced"))
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn boot_file(dir: &Path, node: &str) -> PathBuf {
+    dir.join(format!("{node}.boot_id"))
+}
+
+/// Starts `fenced run` for `node`, its boot id read from `<dir>/<node>.boot_id`.
+fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
+    daemon_with(etcd, node, dir, &[], &[])
+}
+
+fn daemon_with(
+    etcd: &Etcd,
+    node: &str,
+    dir: &Path,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> Daemon {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{node}.log")))
+        .unwrap();
+    Daemon(
+        fenced()
+            .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
+            .args(["--etcd-endpoints", &etcd.endpoint()])
+            .args(["--ttl-secs", "2", "--sweep-secs", "1"])
+            .args(["--instance-id", &format!("i-{node}")])
+            .arg("--pid-file")
+            .arg(dir.join(format!("{node}.pid")))
+            .env("FENCED_BOOT_ID_FILE", boot_file(dir, node))
+            .env("FENCED_LOG", "info")
+            .args(args)
+            .envs(env.iter().copied())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Starts `node` and expects it to exit within 20 s (a refused start): its status and
+/// log. A daemon still running then joined instead: the test fails.
+fn refused_start(etcd: &Etcd, node: &str, dir: &Path) -> (ExitStatus, String) {
+    let log = dir.join(format!("{node}.log"));
+    let before = std::fs::read_to_string(&log).map_or(0, |s| s.len());
+    let mut d = daemon(etcd, node, dir);
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(s) = d.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "{node}'s daemon is still running: it started instead of being refused; status: {}",
+            status(etcd)["nodes"]
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    (status, text[before..].to_owned())
+}
+
+fn status(etcd: &Etcd) -> serde_json::Value {
+    let o = fenced()
+        .args(["status", "-o", "json", "--root", ROOT])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn generation(etcd: &Etcd, node: &str) -> Option<u64> {
+    status(etcd)["nodes"][node]["generation"].as_u64()
+}
+
+fn is_member(etcd: &Etcd, node: &str) -> bool {
+    status(etcd)["nodes"][node]["member"] == true
+}
+
+fn wait(what: &str, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn etcdctl(etcd: &Etcd, args: &[&str]) -> String {
+    let o = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .args(["--endpoints", &etcd.endpoint()])
+        .args(args)
+        .output()
+        .expect("etcdctl (Debian etcd-client)");
+    assert!(o.status.success(), "etcdctl {args:?}: {}", stderr(&o));
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The store's revision and every key under the root with its value.
+fn dump(etcd: &Etcd) -> (i64, String) {
+    let v: serde_json::Value =
+        serde_json::from_str(&etcdctl(etcd, &["get", ROOT, "--prefix", "-w", "json"])).unwrap();
+    (
+        v["header"]["revision"].as_i64().unwrap(),
+        v["kvs"].to_string(),
+    )
+}
+
+fn unfence(etcd: &Etcd, node: &str, reason: &str) -> Output {
+    fenced()
+        .args(["unfence", "--root", ROOT, "--node-id", node])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .args(["--reason", reason, "--operator", "alice"])
+        .output()
+        .unwrap()
+}
+
+fn leave(dir: &Path, node: &str, mut d: Daemon) {
+    let o = fenced()
+        .args(["leave", "--pid-file"])
+        .arg(dir.join(format!("{node}.pid")))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(d.0.wait().unwrap().success());
+}
+
+#[test]
+fn a_fenced_node_restarted_on_the_same_boot_is_refused_until_reboot_or_unfence() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    std::fs::write(boot_file(dir, "n1"), "boot-n1\n").unwrap();
+    std::fs::write(boot_file(dir, "n3"), "boot-a\n").unwrap();
+    let d1 = daemon(&etcd, "n1", dir);
+    let mut d3 = daemon(&etcd, "n3", dir);
+    wait("n1 and n3 members", || {
+        is_member(&etcd, "n1") && is_member(&etcd, "n3")
+    });
+    // The join recorded n3's boot.
+    let boot = etcdctl(&etcd, &["get", "/restart/boot/n3", "--print-value-only"]);
+    let boot: serde_json::Value = serde_json::from_str(boot.trim()).unwrap();
+    assert_eq!(
+        boot,
+        serde_json::json!({"boot_id": "boot-a", "generation": 0, "by": "join"})
+    );
+
+    // n3's daemon dies (its host stays up, its application may still run): fenced.
+    d3.0.kill().unwrap();
+    d3.0.wait().unwrap();
+    wait("n3 fenced", || generation(&etcd, "n3") == Some(1));
+
+    // Unfence is refused for a member and for a node that never existed.
+    let o = unfence(&etcd, "n1", "testing");
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("refusing to unfence n1: it is a member"),
+        "{}",
+        stderr(&o)
+    );
+    let o = unfence(&etcd, "ghost", "testing");
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no such node"), "{}", stderr(&o));
+
+    // Nothing else writes etcd from here: n1 leaves (a clean leave, no fence).
+    leave(dir, "n1", d1);
+    let before = dump(&etcd);
+
+    // n3's daemon starts again on the same boot: refused, exit 5, etcd untouched.
+    let (st, log) = refused_start(&etcd, "n3", dir);
+    assert_eq!(st.code(), Some(5), "{log}");
+    assert!(
+        log.contains("n3 was fenced since its last join (generation 0 at join, now 1)"),
+        "{log}"
+    );
+    assert!(log.contains("Reboot the host"), "{log}");
+    assert!(
+        log.contains("fenced unfence --node-id n3 --reason"),
+        "{log}"
+    );
+    assert_eq!(dump(&etcd), before, "a refused start changed etcd");
+
+    // n1 left cleanly (never fenced): it starts again on the same boot.
+    let _d1 = daemon(&etcd, "n1", dir);
+    wait("n1 member again", || is_member(&etcd, "n1"));
+
+    // The operator unfences n3 (audited, reason verbatim); its next start joins.
+    let reason = "app on host3 stopped by hand; checked no writer left";
+    let o = unfence(&etcd, "n3", reason);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let audit = etcdctl(
+        &etcd,
+        &[
+            "get",
+            "--prefix",
+            "/restart/audit/n3/",
+            "--print-value-only",
+        ],
+    );
+    assert!(
+        audit.contains(&format!("\"reason\":\"{reason}\"")),
+        "{audit}"
+    );
+    assert!(audit.contains("\"operator\":\"alice\""), "{audit}");
+    assert!(audit.contains("\"action\":\"unfence\""), "{audit}");
+    let mut d3 = daemon(&etcd, "n3", dir);
+    wait("n3 member after unfence", || is_member(&etcd, "n3"));
+    // A member cannot be unfenced.
+    let o = unfence(&etcd, "n3", "testing");
+    assert!(stderr(&o).contains("it is a member"), "{}", stderr(&o));
+
+    // Fenced again: the unfence was for one fence only.
+    d3.0.kill().unwrap();
+    d3.0.wait().unwrap();
+    wait("n3 fenced again", || generation(&etcd, "n3") == Some(2));
+    let (st, log) = refused_start(&etcd, "n3", dir);
+    assert_eq!(st.code(), Some(5), "{log}");
+    assert!(log.contains("(generation 1 at join, now 2)"), "{log}");
+
+    // A reboot of n3's host (a new boot id): it joins.
+    std::fs::write(boot_file(dir, "n3"), "boot-b\n").unwrap();
+    let _d3 = daemon(&etcd, "n3", dir);
+    wait("n3 member after reboot", || is_member(&etcd, "n3"));
+}
+
+/// `--on-fence`: a daemon that self-fences (here: etcd stops answering, so its lease
+/// is not renewed) runs its hook, or reboots through SysRq `b`, then exits 3. The
+/// reboot is not real: `FENCED_SYSRQ_TRIGGER_FILE` (test-only) points it at a file.
+#[test]
+fn on_fence_runs_the_hook_or_requests_the_reboot_then_exits_3() {
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let dir = dir.path();
+    for n in ["n1", "n2", "n3"] {
+        std::fs::write(boot_file(dir, n), format!("boot-{n}\n")).unwrap();
+    }
+    let marker = dir.join("hook-ran");
+    let hook = format!(
+        "exec:echo \"$FENCED_NODE_ID $FENCED_GENERATION $FENCED_FENCE_REASON\" > {}",
+        marker.display()
+    );
+    let sysrq = dir.join("sysrq-trigger");
+    std::fs::write(&sysrq, "").unwrap();
+    let mut d1 = daemon_with(&etcd, "n1", dir, &["--on-fence", &hook], &[]);
+    let mut d2 = daemon_with(
+        &etcd,
+        "n2",
+        dir,
+        &["--on-fence", "reboot"],
+        &[("FENCED_SYSRQ_TRIGGER_FILE", &sysrq)],
+    );
+    // The default: exit only.
+    let mut d3 = daemon(&etcd, "n3", dir);
+    wait("three members", || {
+        is_member(&etcd, "n1") && is_member(&etcd, "n2") && is_member(&etcd, "n3")
+    });
+    // etcd stops answering: no renewal, each daemon self-fences at 2 x TTL (4 s).
+    let etcd_pid = nix::unistd::Pid::from_raw(i32::try_from(etcd.pid()).unwrap());
+    nix::sys::signal::kill(etcd_pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let exit = |d: &mut Daemon| {
+        let t0 = Instant::now();
+        loop {
+            if let Some(s) = d.0.try_wait().unwrap() {
+                return s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(30), "no self-fence");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let (s1, s2, s3) = (exit(&mut d1), exit(&mut d2), exit(&mut d3));
+    nix::sys::signal::kill(etcd_pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let log = |n: &str| std::fs::read_to_string(dir.join(format!("{n}.log"))).unwrap();
+    assert_eq!(s1.code(), Some(3), "{}", log("n1"));
+    assert_eq!(s2.code(), Some(3), "{}", log("n2"));
+    assert_eq!(s3.code(), Some(3), "{}", log("n3"));
+    let ran = std::fs::read_to_string(&marker).unwrap_or_default();
+    assert!(
+        ran.starts_with("n1 0 lease not renewed"),
+        "hook: {ran:?}; {}",
+        log("n1")
+    );
+    assert!(
+        log("n1").contains("on-fence hook finished"),
+        "{}",
+        log("n1")
+    );
+    assert_eq!(
+        std::fs::read_to_string(&sysrq).unwrap(),
+        "b",
+        "{}",
+        log("n2")
+    );
+    assert!(
+        log("n2").contains("rebooting the host now (SysRq b)"),
+        "{}",
+        log("n2")
+    );
+    assert!(!log("n3").contains("on-fence"), "{}", log("n3"));
+}
+
+#[test]
+fn a_bad_on_fence_or_an_unreadable_boot_id_is_one_clear_line() {
+    let o = fenced()
+        .args([
+            "run",
+            "--fencer",
+            "none",
+            "--node-id",
+            "n1",
+            "--on-fence",
+            "halt",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o).trim(),
+        "fenced: invalid --on-fence \"halt\": use exit, reboot or exec:COMMAND (a non-empty shell command)"
+    );
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", "n1"])
+        .env("FENCED_BOOT_ID_FILE", "/nonexistent/boot_id")
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.starts_with("fenced: cannot read the boot id from /nonexistent/boot_id: No such file"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "{e}");
+}
+
+/// The join is conditioned on the generation the restart check read: a fence that
+/// completes between the check and the join refuses the join (the agent then reads and
+/// checks again), so the join never records a generation it did not check.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_join_is_refused_when_the_generation_moved_since_the_check() {
+    use fenced::NodeId;
+    use fenced::store::EtcdStore;
+    let etcd = Etcd::start();
+    let store = EtcdStore::connect(&[etcd.endpoint()], ROOT, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let n3 = NodeId::new("n3").unwrap();
+    let seen = store.restart_state(&n3).await.unwrap();
+    assert_eq!((seen.generation, seen.generation_rev), (0, 0));
+    assert_eq!(seen.boot, None);
+    let lease = store.grant(Duration::from_secs(5)).await.unwrap();
+    let joined = store
+        .join(&n3, "i-n3", lease, &seen, Some("boot-a"))
+        .await
+        .unwrap()
+        .expect("first join");
+    assert_eq!(joined.generation, 0);
+    store.revoke(lease).await.unwrap();
+
+    let seen = store.restart_state(&n3).await.unwrap();
+    assert_eq!(seen.boot.as_ref().map(|b| b.generation), Some(0));
+    // A fence lands after the check.
+    etcdctl(&etcd, &["put", "/restart/gen/n3", "1"]);
+    let lease = store.grant(Duration::from_secs(5)).await.unwrap();
+    assert_eq!(
+        store
+            .join(&n3, "i-n3", lease, &seen, Some("boot-a"))
+            .await
+            .unwrap(),
+        None,
+        "joined at a generation the restart check did not see"
+    );
+    let again = store.restart_state(&n3).await.unwrap();
+    assert_eq!(again.generation, 1);
+    assert!(!again.member);
+    assert_eq!(
+        again.boot, seen.boot,
+        "a refused join rewrote the boot record"
+    );
+}
