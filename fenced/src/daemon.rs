@@ -11,8 +11,9 @@ use fenced::agent::{Agent, AgentConfig, AgentError, AgentExit};
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::{Device, Fencer, NamespaceCheck, NoneFencer, NvmeFencer};
 use fenced::metrics::Observer;
+use fenced::metrics::watchdog_loop;
 use fenced::node::local_instance_id;
-use fenced::notify::{Notifier, NotifyError, check_watchdog_timing, watchdog_loop};
+use fenced::notify::{Notifier, NotifyError, check_watchdog_timing};
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 use nvme_resv::NamespaceIdentity;
 
