@@ -56,6 +56,10 @@ impl Daemon {
     ) -> Self {
         let log = dir.join(format!("{node}-{instance}.log"));
         let out = std::fs::File::create(&log).expect("log file");
+        // Each incarnation stands for a fresh host (a replacement or a reboot): on the same
+        // boot id a fenced node's restart is refused (exit 5, `fenced unfence`).
+        let boot_id = dir.join(format!("{node}-{instance}.boot_id"));
+        std::fs::write(&boot_id, format!("{node}-{instance}-boot\n")).expect("boot id file");
         let child = Command::new(bin)
             .args(["run", "--etcd-endpoints", ep, "--root", root])
             .args(["--fencer", "none", "--node-id", node])
@@ -64,6 +68,7 @@ impl Daemon {
             .args(["--sweep-secs", "30", "--claim-ttl-secs", "30"])
             .env("RUST_LOG", "warn")
             .env("FENCED_LOG", "warn")
+            .env("FENCED_BOOT_ID_FILE", &boot_id)
             .stdout(Stdio::null())
             .stderr(out)
             .spawn()

@@ -54,8 +54,9 @@ async fn run(etcd: &Etcd, n: usize) {
         .map(|i| NodeId::new(&format!("victim-{i}")).expect("node id"))
         .collect();
     for (i, node) in nodes.iter().enumerate() {
+        let seen = agents.restart_state(node).await.expect("restart state");
         agents
-            .join(node, &format!("inst-{i}"), lease)
+            .join(node, &format!("inst-{i}"), lease, &seen, None)
             .await
             .expect("join")
             .expect("join accepted");

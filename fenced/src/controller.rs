@@ -17,6 +17,7 @@ use crate::core::{
     StepFailure, Trigger, Victim, check_claim_age, plan_sweep,
 };
 use crate::fencer::{Fencer, fault, fault_scope};
+use crate::metrics::Observer;
 use crate::node::NodeId;
 use crate::ports::FenceStore;
 use crate::store::{Abort, ClaimGuard, EtcdStore, Finish, StoreError, count_round_trips};
@@ -37,6 +38,8 @@ pub struct ControllerConfig {
     /// The node this controller runs on: never fenced by itself (its own agent
     /// self-fences when it loses membership; the peers fence it).
     pub own_node: Option<NodeId>,
+    /// Where fences, sweeps and task health are reported (metrics, `/healthz`).
+    pub observer: Observer,
 }
 
 impl ControllerConfig {
@@ -48,6 +51,7 @@ impl ControllerConfig {
             sweep_on_start: true,
             watch_from: None,
             own_node: None,
+            observer: Observer::default(),
         }
     }
 }
@@ -98,6 +102,43 @@ fn fault_error(e: crate::fault::FaultInjected) -> StoreError {
     StoreError::Malformed {
         key: "fail point".into(),
         what: e.to_string(),
+    }
+}
+
+/// First pause before starting a stopped task again; doubles up to [`MAX_RESTART_BACKOFF`].
+const RESTART_BACKOFF: Duration = Duration::from_secs(1);
+/// Longest pause before starting a stopped task again.
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs the task `run` builds and, whenever it stops (returns, panics), reports it
+/// stopped (`/healthz` fails, `fenced_task_up` 0), logs why and starts it again after a
+/// backoff: a dead controller loop must not go unnoticed, and must not stay dead. The
+/// backoff resets after a run that lasted a minute.
+async fn supervise<F, Fut>(observer: Observer, task: &'static str, mut run: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut backoff = RESTART_BACKOFF;
+    loop {
+        let running = observer.task_running(task);
+        let started = Instant::now();
+        // Its own task, so a panic is caught here; dropping the set aborts it.
+        let mut one = JoinSet::new();
+        one.spawn(run());
+        let why = match one.join_next().await {
+            Some(Ok(())) | None => "returned".to_owned(),
+            Some(Err(e)) if e.is_panic() => "panicked".to_owned(),
+            Some(Err(e)) => e.to_string(),
+        };
+        running.stopped(why.clone());
+        if started.elapsed() > Duration::from_secs(60) {
+            backoff = RESTART_BACKOFF;
+        }
+        tracing::error!(task, why = %why, restart_in = ?backoff, "task {task} stopped ({why}): starting it again in {backoff:?}");
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_RESTART_BACKOFF);
+        observer.task_restarted(task);
     }
 }
 
@@ -155,13 +196,23 @@ impl<S: FenceStore> Controller<S> {
 /// The watch loop needs etcd's membership watch stream: only over [`EtcdStore`].
 impl Controller<EtcdStore> {
     /// Runs the watch and sweep loops until the returned task is aborted (dropping the
-    /// task aborts every fence it started, like a process death).
+    /// task aborts every fence it started, like a process death). Each loop is
+    /// supervised: one that stops (returns, panics) is reported to the observer
+    /// (`/healthz` fails) and started again with backoff.
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let mut fences = JoinSet::new();
             let sweeper = this.clone();
-            fences.spawn(async move { sweeper.sweep_loop().await });
+            fences.spawn(supervise(this.cfg.observer.clone(), "sweep", move || {
+                sweeper.clone().sweep_loop()
+            }));
+            let watcher = this.clone();
+            fences.spawn(supervise(
+                this.cfg.observer.clone(),
+                "controller_watch",
+                move || watcher.clone().watch_loop(),
+            ));
             let leases = this.store.clone();
             fences.spawn(async move {
                 // Keep a fresh spare claim lease ready, so a claim never waits on a grant.
@@ -172,7 +223,7 @@ impl Controller<EtcdStore> {
                     tokio::time::sleep(leases.claim_ttl() / 8).await;
                 }
             });
-            this.watch_loop(&mut fences).await;
+            while fences.join_next().await.is_some() {}
         })
     }
 
@@ -184,6 +235,8 @@ impl Controller<EtcdStore> {
             }
         }
         loop {
+            // Tests stop the sweep task here (`task::sweep=return`) to see it noticed.
+            fail::fail_point!("task::sweep", |_| ());
             match self.sweep_once().await {
                 Ok(r) => tracing::debug!(step = "sweep", ?r, "sweep done"),
                 Err(e) => tracing::warn!(step = "sweep", error = %e, "sweep failed"),
@@ -195,10 +248,12 @@ impl Controller<EtcdStore> {
         }
     }
 
-    async fn watch_loop(self: &Arc<Self>, fences: &mut JoinSet<()>) {
+    async fn watch_loop(self: Arc<Self>) {
+        let mut fences = JoinSet::new();
         // Start from "now": whatever happened before is the sweep's (it runs at once).
         let mut last_rev: i64 = self.cfg.watch_from.map_or(0, |r| r - 1);
         let mut backoff = Duration::from_millis(100);
+        let mut started_before = false;
         loop {
             let _ = self.store.prepare_claim_lease().await;
             let start = if last_rev > 0 { last_rev + 1 } else { 0 };
@@ -212,6 +267,10 @@ impl Controller<EtcdStore> {
                 }
             };
             self.stats.watch_starts.fetch_add(1, Ordering::Relaxed);
+            if started_before {
+                self.cfg.observer.watch_restarted();
+            }
+            started_before = true;
             tracing::info!(
                 step = "watch_resume",
                 from_revision = start,
@@ -302,8 +361,20 @@ impl<S: FenceStore> Controller<S> {
     /// One authoritative sweep: one range-read transaction, then the owed fences
     /// (concurrently).
     pub async fn sweep_once(self: &Arc<Self>) -> Result<SweepReport, StoreError> {
+        let t0 = Instant::now();
+        let mut seen = None;
+        let r = self.sweep_run(&mut seen).await;
+        self.cfg.observer.sweep_done(t0.elapsed(), r.is_ok(), seen);
+        r
+    }
+
+    async fn sweep_run(
+        self: &Arc<Self>,
+        seen: &mut Option<(usize, usize, usize)>,
+    ) -> Result<SweepReport, StoreError> {
         let (snap, revision) = self.store.sweep_snapshot().await?;
         let plan = plan_sweep(&snap);
+        *seen = Some((snap.members.len(), snap.claims.len(), plan.fence.len()));
         let mut report = SweepReport {
             revision,
             honoured: plan.honoured.len(),
@@ -429,12 +500,16 @@ impl<S: FenceStore> Controller<S> {
     ) -> FenceState {
         let victim = checked_instance(victim);
         let scope = victim.clone();
-        fault_scope(
+        let node = victim.node.to_string();
+        self.cfg.observer.fence_started(&node);
+        let state = fault_scope(
             &self.cfg.id,
             &scope,
             self.run_fence(fencer, victim, trigger, guard),
         )
-        .await
+        .await;
+        self.cfg.observer.fence_ended(&node, trigger, &state);
+        state
     }
 
     async fn run_fence(
@@ -459,6 +534,14 @@ impl<S: FenceStore> Controller<S> {
             cause: e.to_string(),
         };
         loop {
+            let step_started = Instant::now();
+            let step = match &action {
+                FenceAction::Claim | FenceAction::ClaimIgnoringDeparture => "claim",
+                FenceAction::Sever => "sever",
+                FenceAction::Finish { .. } => "finish",
+                FenceAction::Abort { .. } => "abort",
+                FenceAction::Stop => "stop",
+            };
             action = match action {
                 FenceAction::Claim => {
                     let (claimed, claim_rts) = count_round_trips(async {
@@ -576,6 +659,7 @@ impl<S: FenceStore> Controller<S> {
                 }
                 FenceAction::Stop => break,
             };
+            self.cfg.observer.fence_step(step, step_started.elapsed());
         }
         if run.won_claim() {
             // Refill the spare claim lease, off the critical path.

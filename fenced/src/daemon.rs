@@ -10,11 +10,14 @@ use std::time::{Duration, Instant};
 use fenced::agent::{Agent, AgentConfig, AgentError, AgentExit};
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::{Device, Fencer, NamespaceCheck, NoneFencer, NvmeFencer};
+use fenced::metrics::Observer;
+use fenced::metrics::watchdog_loop;
 use fenced::node::local_instance_id;
+use fenced::notify::{Notifier, NotifyError, check_watchdog_timing};
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 use nvme_resv::NamespaceIdentity;
 
-use crate::config::{EtcdSettings, FencerKind, Settings, file_kind};
+use crate::config::{EtcdSettings, FencerKind, Role, Settings, file_kind};
 use crate::control::{ControlError, ControlSocket, Outcome, PidFile};
 
 /// Exit code of a daemon that self-fenced.
@@ -43,7 +46,16 @@ pub enum ConnectError {
         #[source]
         source: StoreError,
     },
-    /// An error retrying cannot fix (bad URL, ...).
+    /// The TLS handshake failed or etcd refused the credentials: retrying with the
+    /// same files and user fails the same way.
+    #[error("etcd at {endpoints} refused the connection (presented: {security}): {source}")]
+    Refused {
+        endpoints: String,
+        security: String,
+        #[source]
+        source: StoreError,
+    },
+    /// An error retrying cannot fix (bad URL, a TLS file that cannot be read, ...).
     #[error("cannot use etcd at {endpoints}: {source}")]
     Unusable {
         endpoints: String,
@@ -118,6 +130,16 @@ pub enum DaemonError {
     },
     #[error(transparent)]
     Control(#[from] ControlError),
+    #[error(transparent)]
+    Notify(#[from] NotifyError),
+    #[error("systemd watchdog: {why}")]
+    WatchdogTiming { why: String },
+    #[error("cannot serve metrics on {addr}: {source} (choose another --metrics-listen address)")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     /// The instance id the host reports does not satisfy the rule.
     #[error("this host's instance id cannot be used: {source}; set --instance-id")]
     HostInstanceId {
@@ -136,13 +158,19 @@ pub enum DaemonError {
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
 /// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
-/// never). Errors other than "unavailable" (bad URL, ...) are not retried.
+/// never). Errors other than "unavailable" (bad URL, a TLS file that cannot be read,
+/// a certificate or credentials etcd refuses) are not retried. `etcd`'s TLS files
+/// and credentials replace those of `opts`.
 pub async fn connect(
     etcd: &EtcdSettings,
     claim_ttl: Duration,
     opts: &StoreOptions,
     give_up: Option<Duration>,
 ) -> Result<EtcdStore, ConnectError> {
+    let opts = &StoreOptions {
+        security: etcd.security.clone(),
+        ..opts.clone()
+    };
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
@@ -197,6 +225,13 @@ pub async fn connect(
                     endpoints: eps,
                     waited_s: t0.elapsed().as_secs_f32(),
                     attempts: attempt,
+                    source,
+                });
+            }
+            Err(source @ (StoreError::Tls { .. } | StoreError::Denied { .. })) => {
+                return Err(ConnectError::Refused {
+                    endpoints: eps,
+                    security: etcd.security.describe(),
                     source,
                 });
             }
@@ -394,6 +429,28 @@ fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
 /// etcd write (`--seed-arenas`, then the join).
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
+    // systemd (Type=notify, WatchdogSec=), metrics and health: set up before anything
+    // touches the cluster, so a bad setting fails the start.
+    let notifier = Arc::new(Notifier::from_env()?);
+    if let Some(wd) = notifier.watchdog() {
+        check_watchdog_timing(wd, s.ttl, s.self_fence_margin)
+            .map_err(|why| DaemonError::WatchdogTiming { why })?;
+    }
+    let observer = Observer::new();
+    observer.set_notifier(notifier.clone());
+    let _metrics = match s.metrics_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| DaemonError::MetricsListen { addr, source })?;
+            tracing::info!(%addr, "serving /metrics, /healthz and /readyz");
+            Some(AbortOnDrop(tokio::spawn(fenced::metrics::serve(
+                listener,
+                observer.clone(),
+            ))))
+        }
+        None => None,
+    };
     if s.instance_id.is_none() {
         fenced::instance::check_instance_id(&local_instance_id())
             .map_err(|source| DaemonError::HostInstanceId { source })?;
@@ -422,6 +479,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             (Some(d), Some(id))
         }
     };
+    let device = device.map(|d| fenced::metrics::ObservedDevice::wrap(d, observer.clone()));
     let own_key = nvme_resv::key_for_node(s.node.as_str());
     let mut store_opts = StoreOptions::for_lease_ttl(s.ttl);
     if let Some(t) = s.etcd_keepalive_timeout {
@@ -432,6 +490,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     // Waiting for etcd can take as long as etcd is away: a `fenced leave` meanwhile
     // ends the wait (nothing was joined, nothing is left behind). SIGTERM still has its
     // default action until the agent has joined.
+    observer.set_status(format!(
+        "waiting for etcd at {}",
+        s.etcd.endpoints.join(",")
+    ));
     let store = tokio::select! {
         r = connect(&s.etcd, s.claim_ttl, &store_opts, s.connect_timeout) => r?,
         Some(()) = leave_rx.recv() => {
@@ -447,10 +509,13 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     // The restart rule, before this daemon writes anything (see fenced::agent::boot).
     cfg.boot_id = Some(boot_id);
     cfg.on_fence = s.on_fence;
-    match Agent::check_restart(&store, &cfg).await {
-        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
-        Err(source) => return Err(DaemonError::Agent { source }),
-        Ok(_) => {}
+    // A controller alone registers no key, so the restart rule does not apply to it.
+    if s.role != Role::Controller {
+        match Agent::check_restart(&store, &cfg).await {
+            Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+            Err(source) => return Err(DaemonError::Agent { source }),
+            Ok(_) => {}
+        }
     }
     let nvme: Option<Arc<dyn Fencer>> = match (s.fencer, &device, &namespace) {
         (FencerKind::Nvme, Some(d), Some(id)) => Some(Arc::new(
@@ -470,21 +535,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .await
             .map_err(|source| DaemonError::SeedArenas { source })?;
     }
-    cfg.ttl = s.ttl;
-    cfg.self_fence_margin = s.self_fence_margin;
-    cfg.arenas = s.arenas;
-    cfg.watchdog_device = s.watchdog_device;
-    cfg.namespace = namespace;
-    let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
-        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
-        Err(AgentError::KeyRemovedSameBoot(e)) => return Ok(key_removed_same_boot(&e)),
-        r => r.map_err(|source| DaemonError::Agent { source })?,
-    };
-    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
-    ccfg.sweep_interval = s.sweep;
-    ccfg.own_node = Some(node.clone());
-    let controller = Controller::new(store, fencer, ccfg).spawn();
-    tracing::info!(node = %node, instance = %instance, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
+    let _endpoints = AbortOnDrop(tokio::spawn(fenced::metrics::follow_endpoints(
+        store.clone(),
+        observer.clone(),
+    )));
     let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
     let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
@@ -494,9 +548,61 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             _ = int.recv() => tracing::info!(step = "leave", "SIGINT: leaving"),
             Some(()) = leave_rx.recv() => {}
         }
+        observer.set_joined(false);
+        notifier.stopping(&format!(
+            "leaving: {node} quiesces I/O, returns its arenas, departs"
+        ));
     };
+    // `--role`: the controller alone joins nothing and runs until told to stop; the
+    // agent alone fences no one.
+    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+    ccfg.sweep_interval = s.sweep;
+    ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
+    ccfg.observer = observer.clone();
+    let _watchdog = notifier.watchdog().map(|wd| {
+        AbortOnDrop(tokio::spawn(watchdog_loop(
+            notifier.clone(),
+            observer.clone(),
+            wd,
+        )))
+    });
+    if s.role == Role::Controller {
+        let controller = Controller::new(store, fencer, ccfg).spawn();
+        observer.ready_without_agent(format!("controller {node} running (no membership)"));
+        tracing::info!(node = %node, instance = %instance, role = "controller", "fenced running (controller only)");
+        leave.await;
+        controller.abort();
+        if let Some(c) = &control {
+            c.answer(&Outcome::Left).await;
+        }
+        drop(control);
+        drop(pid_file);
+        return Ok(ExitCode::SUCCESS);
+    }
+    cfg.ttl = s.ttl;
+    cfg.self_fence_margin = s.self_fence_margin;
+    cfg.arenas = s.arenas;
+    cfg.watchdog_device = s.watchdog_device;
+    cfg.namespace = namespace;
+    cfg.observer = observer.clone();
+    observer.set_status(format!("joining as {node}: unfencing, claiming arenas"));
+    let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
+        Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
+        Err(AgentError::KeyRemovedSameBoot(e)) => return Ok(key_removed_same_boot(&e)),
+        r => r.map_err(|source| DaemonError::Agent { source })?,
+    };
+    let controller = (s.role == Role::Both).then(|| Controller::new(store, fencer, ccfg).spawn());
+    // Joined, unfenced, arenas claimed: ready.
+    observer.ready(format!(
+        "member {node} at generation {}",
+        agent.generation()
+    ));
+    tracing::info!(node = %node, instance = %instance, role = ?s.role, generation = agent.generation(), arenas = ?agent.arenas(), "fenced running");
     let exit = agent.run(leave).await;
-    controller.abort();
+    observer.set_joined(false);
+    if let Some(c) = controller {
+        c.abort();
+    }
     let outcome = match &exit {
         AgentExit::Left => Outcome::Left,
         AgentExit::LeaveIncomplete { reason } => Outcome::Incomplete(reason.clone()),
@@ -510,6 +616,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     Ok(match outcome {
         Outcome::Left => ExitCode::SUCCESS,
         Outcome::Incomplete(reason) => {
+            observer.set_status(format!("leave incomplete: {reason}"));
             eprintln!(
                 "fenced: leave incomplete: {}",
                 crate::logging::escape(&reason)
@@ -517,8 +624,18 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             ExitCode::from(EXIT_LEAVE_INCOMPLETE)
         }
         Outcome::SelfFenced(reason) => {
+            observer.set_status(format!("self-fenced: {reason}"));
             eprintln!("fenced: self-fenced: {}", crate::logging::escape(&reason));
             ExitCode::from(EXIT_SELF_FENCED)
         }
     })
+}
+
+/// A spawned task that ends with the daemon.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }

@@ -9,6 +9,9 @@
 //! - [`node`]: validated node ids; [`instance`]: the instance id rule.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
 //!   feature `ebs`, also reachable as `fenced::ebs`) EBS fencers.
+//! - [`metrics`]: the daemon's Prometheus metrics, task health and readiness
+//!   ([`metrics::Observer`]) and their HTTP endpoint.
+//! - [`notify`]: the systemd notification protocol (`READY=1`, `STATUS=`, `WATCHDOG=1`).
 //! - [`fault`]: the `fence::<step>` fail points (cargo feature `failpoints`).
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
@@ -22,7 +25,9 @@ pub mod fencer;
 pub mod guard;
 pub mod instance;
 pub mod keys;
+pub mod metrics;
 pub mod node;
+pub mod notify;
 pub mod ports;
 pub mod store;
 

@@ -59,6 +59,9 @@ enum Cmd {
     /// fenced since its last membership is reported ("already fenced at generation
     /// G", exit 0) and not bumped again.
     Attest(ops::attest::AttestArgs),
+    /// Approve another operator's pending `fenced attest --approvals 2` of NODE (as a
+    /// different identity, with your own reason).
+    Approve(ops::attest::ApproveArgs),
     /// Ask the running daemon to leave the cluster (quiesce, return arenas, depart)
     /// over its control socket; no process is signalled.
     Leave(ops::leave::LeaveArgs),
@@ -66,6 +69,10 @@ enum Cmd {
     /// a reboot of its host (audited; refused while the node is a member). Only once
     /// nothing on that host still writes the shared device.
     Unfence(ops::unfence::UnfenceArgs),
+    /// Print the etcd roles that confine each node to its own keys (one per node, a
+    /// controller role, an operator role) as etcdctl commands; --apply creates them
+    /// (and a certificate-identified user per node) through etcd's auth API.
+    EtcdRoles(ops::roles::RolesArgs),
     /// Man pages and shell completions, for packaging.
     #[command(hide = true)]
     Generate(generate::GenerateArgs),
@@ -114,8 +121,10 @@ async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
         Cmd::Check(args) => ops::check::check(args).await?,
         Cmd::Probe(args) => ops::probe::probe(args).await?,
         Cmd::Attest(args) => ops::attest::attest(args).await?,
+        Cmd::Approve(args) => ops::attest::approve(args).await?,
         Cmd::Leave(args) => ops::leave::leave(args).await?,
         Cmd::Unfence(args) => ops::unfence::unfence(args).await?,
+        Cmd::EtcdRoles(args) => ops::roles::etcd_roles(args).await?,
         Cmd::Generate(args) => {
             generate::generate(args, Cli::command())?;
             ExitCode::SUCCESS

@@ -189,6 +189,24 @@ pub struct Etcd {
     child: Child,
     dir: tempfile::TempDir,
     client_port: u16,
+    /// Plaintext `/health` listener of a TLS server (`--listen-metrics-urls`).
+    health_port: Option<u16>,
+    tls: bool,
+    /// The arguments it was started with ([`Etcd::restart`]).
+    args: Vec<std::ffi::OsString>,
+}
+
+/// How [`Etcd::start_with`] secures the client port.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdOptions {
+    /// Serve clients over TLS with this server certificate and key (PEM files) and
+    /// trust client certificates signed by `ca`.
+    pub tls: Option<crate::tls::ServerFiles>,
+    /// `--client-cert-auth`: clients must present a certificate signed by the CA; with
+    /// auth enabled its CN is the etcd user.
+    pub client_cert_auth: bool,
+    /// `--auth-token-ttl` in seconds (simple tokens; etcd's default is 300).
+    pub auth_token_ttl_secs: Option<u32>,
 }
 
 impl Etcd {
@@ -199,20 +217,51 @@ impl Etcd {
     /// When the binary cannot be started, exits early, or is not healthy in time; the
     /// message carries etcd's log.
     pub fn start() -> Self {
+        Self::start_with(&EtcdOptions::default())
+    }
+
+    /// [`Etcd::start`] with TLS and client-certificate options: the client port speaks
+    /// `https://` when `opts.tls` is set ([`Etcd::endpoint`] says so), and `/health` is
+    /// then polled on a plaintext metrics port of its own.
+    ///
+    /// # Panics
+    /// As [`Etcd::start`].
+    pub fn start_with(opts: &EtcdOptions) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let (cp, pp) = (free_port(), free_port());
-        let client = format!("http://127.0.0.1:{cp}");
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{cp}");
         let peer = format!("http://127.0.0.1:{pp}");
         let log = std::fs::File::create(dir.path().join("etcd.log")).expect("log file");
-        let child = Command::new(etcd_binary())
-            .args(["--name", "n1", "--data-dir"])
+        let mut cmd = Command::new(etcd_binary());
+        cmd.args(["--name", "n1", "--data-dir"])
             .arg(dir.path().join("data"))
             .args(["--logger=zap", "--log-outputs=stderr"])
             .args(["--listen-client-urls", &client])
             .args(["--advertise-client-urls", &client])
             .args(["--listen-peer-urls", &peer])
             .args(["--initial-advertise-peer-urls", &peer])
-            .arg(format!("--initial-cluster=n1={peer}"))
+            .arg(format!("--initial-cluster=n1={peer}"));
+        let mut health_port = None;
+        if let Some(tls) = &opts.tls {
+            let hp = free_port();
+            health_port = Some(hp);
+            cmd.arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.ca)
+                .arg(format!("--listen-metrics-urls=http://127.0.0.1:{hp}"));
+        }
+        if opts.client_cert_auth {
+            cmd.arg("--client-cert-auth");
+        }
+        if let Some(ttl) = opts.auth_token_ttl_secs {
+            cmd.arg(format!("--auth-token-ttl={ttl}"));
+        }
+        let args: Vec<std::ffi::OsString> = cmd.get_args().map(ToOwned::to_owned).collect();
+        let child = cmd
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -226,7 +275,38 @@ impl Etcd {
             child,
             dir,
             client_port: cp,
+            health_port,
+            tls: opts.tls.is_some(),
+            args,
         };
+        etcd.wait_healthy();
+        etcd
+    }
+
+    /// SIGKILLs the server and starts it again on the same ports and data dir (a
+    /// member restart: leases and keys survive, simple auth tokens do not), then waits
+    /// for `/health`.
+    ///
+    /// # Panics
+    /// As [`Etcd::start`].
+    pub fn restart(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(self.dir.path().join("etcd.log"))
+            .expect("log file");
+        self.child = Command::new(etcd_binary())
+            .args(&self.args)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("restart etcd");
+        self.wait_healthy();
+    }
+
+    fn wait_healthy(&mut self) {
+        let etcd = self;
         let t0 = Instant::now();
         while !etcd.healthy() {
             if let Ok(Some(status)) = etcd.child.try_wait() {
@@ -242,16 +322,21 @@ impl Etcd {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        etcd
     }
 
     fn healthy(&self) -> bool {
-        healthy(self.client_port)
+        healthy(self.health_port.unwrap_or(self.client_port))
     }
 
-    /// The client URL, `http://127.0.0.1:<port>`.
+    /// The client URL, `http://127.0.0.1:<port>` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
+    }
+
+    /// The client port.
+    pub fn client_port(&self) -> u16 {
+        self.client_port
     }
 
     /// The server's log so far (empty if it cannot be read).

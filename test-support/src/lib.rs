@@ -2,11 +2,13 @@
 //! itself and killed by PID when dropped.
 //!
 //! - [`etcd::Etcd`]: a single-member etcd on free loopback ports with a temp data dir.
+//! - [`tls::Pki`]: a test CA issuing server and client certificates (TLS etcd).
 //! - [`etcd::EtcdVersion`]: the version of the etcd under test (`$FENCED_ETCD`), for
 //!   the behaviours that differ between releases.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
 pub mod etcd;
+pub mod tls;
 
-pub use etcd::{Etcd, EtcdVersion, etcd_binary, free_port, healthy};
+pub use etcd::{Etcd, EtcdOptions, EtcdVersion, etcd_binary, free_port, healthy};

@@ -103,9 +103,22 @@ pub(super) fn spawn_keepalive(
                             margin_ms: millis(margin),
                             unix_ms: unix_ms(),
                         };
-                        let _ =
+                        let put =
                             tokio::time::timeout(renew_every, store.put_liveness(&node, &record))
                                 .await;
+                        if let Ok(Err(e)) = &put
+                            && e.is_denied()
+                        {
+                            // Our credentials may no longer write our own keys (the
+                            // node's etcd role was revoked): stop renewing, as if cut off.
+                            // The lease expires, a controller fences us, and the
+                            // watchdog self-fences at the margin.
+                            tracing::error!(node = %node, error = %e, "etcd refuses this node's writes (its etcd role revoked?): stopping lease renewal; this node self-fences at the margin and is fenced when its lease expires");
+                            // Keep `tx` open: a closed channel would wake the agent's
+                            // loop without pause until the watchdog fires.
+                            drop(stream.take());
+                            std::future::pending::<()>().await;
+                        }
                     }
                 }
                 None => {

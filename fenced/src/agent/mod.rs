@@ -54,6 +54,9 @@ pub struct AgentConfig {
     /// join, compared at every later join (a different namespace is refused before
     /// anything is registered). `None`: no check (no reservation device).
     pub namespace: Option<nvme_resv::NamespaceIdentity>,
+    /// Where each tick of the self-fencing clock is reported (lease age, margin left,
+    /// keepalive task alive: metrics, `/readyz`, the systemd watchdog).
+    pub observer: crate::metrics::Observer,
 }
 
 impl AgentConfig {
@@ -74,6 +77,7 @@ impl AgentConfig {
             boot_id: None,
             on_fence: OnFenceConfig::default(),
             namespace: None,
+            observer: crate::metrics::Observer::default(),
         }
     }
 }
@@ -507,6 +511,18 @@ impl Agent {
         }
     }
 
+    fn observe(&self, now: Instant, verdict: WatchdogVerdict) {
+        let margin = self.cfg.self_fence_margin;
+        let (age, left) = match verdict {
+            WatchdogVerdict::Healthy { left } => (margin.saturating_sub(left), left),
+            WatchdogVerdict::SelfFence { since_renewal, .. } => (since_renewal, Duration::ZERO),
+        };
+        let keepalive_running = !self.keepalive.is_finished();
+        self.cfg
+            .observer
+            .agent_tick(now, age, left, self.cfg.ttl, keepalive_running);
+    }
+
     fn self_fence(&mut self, reason: String) -> AgentExit {
         self.gate.fence();
         // Stop petting the hardware watchdog (never magic-close it): the host reboots.
@@ -555,7 +571,10 @@ impl Agent {
                     }
                 }
                 _ = tick_wd.tick() => {
-                    match watchdog.verdict(Instant::now()) {
+                    let now = Instant::now();
+                    let verdict = watchdog.verdict(now);
+                    self.observe(now, verdict);
+                    match verdict {
                         WatchdogVerdict::Healthy { .. } => self.pet(),
                         WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
                             return self.self_fence(format!(

@@ -13,13 +13,14 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::core::attest::{AttestRequest, Refusal, Verdict, judge};
 use fenced::core::{Confirmation, FenceState, Trigger, Victim};
 use fenced::fencer::{AttestedFencer, BoxFuture, FenceError, Fencer, NvmeFencer, PreemptMode};
-use fenced::store::ClaimGuard;
+use fenced::store::{Approval, ClaimGuard};
 use nvme_resv::Key;
 
 use super::OpError;
@@ -36,7 +37,8 @@ pub struct AttestArgs {
     /// Your out-of-band evidence, recorded verbatim in the audit record.
     #[arg(long)]
     reason: String,
-    /// Who attests (default $USER).
+    /// Who attests (default $USER). Ignored when etcd authenticates this command
+    /// (--etcd-user, or a client certificate): the audit record names that identity.
     #[arg(long, env = "USER", default_value = "operator")]
     operator: String,
     /// Fence even if its liveness is unknown (no record) or its agent's lease is
@@ -55,6 +57,29 @@ pub struct AttestArgs {
     /// With --block-device: the Reservation Acquire action.
     #[arg(long, value_enum, default_value = "preempt-and-abort")]
     preempt: PreemptArg,
+    /// Distinct operator identities the fence needs: with 2, it waits until a second
+    /// operator runs `fenced approve --node-id NODE` (identities as etcd authenticated
+    /// them: --etcd-user, else the certificate CN).
+    #[arg(long, env = "FENCED_APPROVALS", default_value = "1")]
+    approvals: u32,
+    /// With --approvals 2: give up after this many seconds without the approval.
+    #[arg(long, default_value = "600")]
+    approval_timeout_secs: u64,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ApproveArgs {
+    #[command(flatten)]
+    etcd: EtcdArgs,
+    /// The node whose attested fence you approve.
+    #[arg(long)]
+    node_id: String,
+    /// Your own out-of-band evidence, recorded in the audit record.
+    #[arg(long)]
+    reason: String,
+    /// Who approves (default $USER); ignored when etcd authenticates this command.
+    #[arg(long, env = "USER", default_value = "operator")]
+    operator: String,
 }
 
 /// Why an attestation is refused or did not complete.
@@ -90,6 +115,16 @@ pub enum AttestError {
     },
     #[error("fence of {node} not completed: {what}; the fence stays owed (`fenced status`), retry")]
     NotCompleted { node: NodeId, what: String },
+    #[error(
+        "no approval of {node}'s fence by a second operator within {secs}s (requested by {by}): nothing fenced; a second operator runs `fenced approve --node-id {node}`"
+    )]
+    NotApproved { node: NodeId, by: String, secs: u64 },
+    #[error(
+        "no attested fence of {node} awaits approval{mine}: nothing approved (`fenced attest --approvals 2` requests one)"
+    )]
+    NothingToApprove { node: NodeId, mine: &'static str },
+    #[error("--approvals must be 1 or 2, not {0}")]
+    Approvals(u32),
 }
 
 /// The attestation as a [`Fencer`]: when the attesting host has the shared device,
@@ -160,6 +195,105 @@ async fn device_fencer(
     Ok(NvmeFencer::new(device, key, mode))
 }
 
+fn now_ms() -> u64 {
+    fenced::clock::unix_ms()
+}
+
+/// Records our request and waits (polling every 500 ms, at most `limit`) for an
+/// approval by another identity written after it; the request is dropped either way.
+async fn await_approval(
+    store: &fenced::store::EtcdStore,
+    node: &NodeId,
+    me: &str,
+    reason: &str,
+    limit: Duration,
+) -> Result<Approval, OpError> {
+    let asked = now_ms();
+    store
+        .put_approval(
+            node,
+            &Approval {
+                identity: me.to_owned(),
+                reason: reason.to_owned(),
+                unix_ms: asked,
+            },
+        )
+        .await
+        .map_err(OpError::store("record the approval request"))?;
+    eprintln!(
+        "fenced: waiting up to {}s for a second operator: `fenced approve --node-id {node} --reason ...`",
+        limit.as_secs()
+    );
+    let t0 = tokio::time::Instant::now();
+    let found = loop {
+        let all = store
+            .approvals(node)
+            .await
+            .map_err(OpError::store("read the approvals"))?;
+        if let Some(a) = all
+            .into_iter()
+            .find(|a| a.identity != me && a.unix_ms >= asked)
+        {
+            break Some(a);
+        }
+        if t0.elapsed() >= limit {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let _ = store.clear_approvals(node).await;
+    found.ok_or_else(|| {
+        AttestError::NotApproved {
+            node: node.clone(),
+            by: me.to_owned(),
+            secs: limit.as_secs(),
+        }
+        .into()
+    })
+}
+
+/// `fenced approve`: the second operator's approval of a pending `--approvals 2`
+/// attestation, by a different identity than the one that requested it.
+pub async fn approve(args: ApproveArgs) -> Result<ExitCode, OpError> {
+    let node = NodeId::new(&args.node_id)?;
+    if args.reason.trim().is_empty() {
+        return Err(AttestError::NoReason.into());
+    }
+    let file = crate::config::load_file(args.etcd.config.as_deref())?;
+    let me = crate::config::EtcdSettings::resolve(&args.etcd, &file)?
+        .security
+        .identity()
+        .unwrap_or(args.operator);
+    let store = super::connect(&args.etcd).await?;
+    let pending = store
+        .approvals(&node)
+        .await
+        .map_err(OpError::store("read the approvals"))?;
+    if pending.is_empty() {
+        return Err(AttestError::NothingToApprove { node, mine: "" }.into());
+    }
+    if pending.iter().all(|a| a.identity == me) {
+        return Err(AttestError::NothingToApprove {
+            node,
+            mine: " by another operator (you requested it: a second, distinct operator must approve)",
+        }
+        .into());
+    }
+    store
+        .put_approval(
+            &node,
+            &Approval {
+                identity: me.clone(),
+                reason: args.reason,
+                unix_ms: now_ms(),
+            },
+        )
+        .await
+        .map_err(OpError::store("record the approval"))?;
+    println!("approved the attested fence of {node} as {me}");
+    Ok(ExitCode::SUCCESS)
+}
+
 pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
     let node = NodeId::new(&args.node_id)?;
     if args.reason.trim().is_empty() {
@@ -173,6 +307,16 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
     if own.as_ref() == Some(&node) {
         return Err(AttestError::OwnNode { node }.into());
     }
+    if !(1..=2).contains(&args.approvals) {
+        return Err(AttestError::Approvals(args.approvals).into());
+    }
+    // The identity etcd authenticated (user, else certificate CN) when there is one:
+    // a name anyone can type is not evidence of who attested.
+    let file = crate::config::load_file(args.etcd.config.as_deref())?;
+    let operator = crate::config::EtcdSettings::resolve(&args.etcd, &file)?
+        .security
+        .identity()
+        .unwrap_or(args.operator);
     let store = super::connect(&args.etcd).await?;
     let (view, _) = store
         .attest_view(&node)
@@ -211,6 +355,25 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
         }
         _ => None,
     };
+    let (operator, reason) = if args.approvals == 2 {
+        let approver = await_approval(
+            &store,
+            &node,
+            &operator,
+            &args.reason,
+            Duration::from_secs(args.approval_timeout_secs),
+        )
+        .await?;
+        (
+            format!("{operator}+{}", approver.identity),
+            format!(
+                "{} (approved by {}: {})",
+                args.reason, approver.identity, approver.reason
+            ),
+        )
+    } else {
+        (operator, args.reason)
+    };
     if !wait.is_zero() {
         eprintln!(
             "fenced: {node}'s lease is gone from etcd; waiting {:.1}s (its self-fence margin minus its lease TTL) so its agent has stopped writing",
@@ -218,11 +381,10 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
         );
         tokio::time::sleep(wait).await;
     }
-    let operator = args.operator;
     let fencer = Arc::new(Attestation {
         attested: AttestedFencer {
             operator: operator.clone(),
-            reason: args.reason,
+            reason,
         },
         liveness,
         device,

@@ -198,7 +198,10 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
     let endpoints = probe_endpoints(
         &settings.endpoints,
         store.keys().root(),
-        &StoreOptions::default(),
+        &StoreOptions {
+            security: settings.security.clone(),
+            ..StoreOptions::default()
+        },
     )
     .await;
     let (level, line) = verdict(&status, &endpoints, t, fenced::clock::unix_ms());

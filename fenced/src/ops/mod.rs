@@ -1,4 +1,5 @@
-//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`.
+//! The operator commands: `status`, `audit`, `check`, `probe`, `attest`, `leave`,
+//! `etcd-roles`.
 //! Each connects (when it needs etcd) with [`connect`], waiting at most
 //! [`CLI_ETCD_WAIT`].
 
@@ -8,6 +9,7 @@ pub mod check;
 pub mod format;
 pub mod leave;
 pub mod probe;
+pub mod roles;
 pub mod status;
 pub mod unfence;
 

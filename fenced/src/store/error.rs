@@ -31,6 +31,34 @@ pub enum StoreError {
         #[source]
         source: etcd_client::Error,
     },
+    /// The TLS handshake failed: a certificate refused by either side (unknown
+    /// issuer, expired, not valid for the host, no client certificate), or TLS spoken
+    /// to a plaintext port. Not retried: the same files fail the same way.
+    #[error(
+        "etcd TLS handshake failed during {op}: {source} (check --etcd-ca, --etcd-cert, --etcd-key and that the server certificate names the endpoint's host)"
+    )]
+    Tls {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// etcd refused the credentials (wrong user or password, unknown certificate CN)
+    /// or the user's roles do not grant the operation. Not retried.
+    #[error(
+        "etcd refused {op}: {source} (check --etcd-user and the password, or the client certificate's CN, and the roles granted to that user: `fenced etcd-roles`)"
+    )]
+    Denied {
+        /// The operation.
+        op: &'static str,
+        /// The client's error.
+        #[source]
+        source: etcd_client::Error,
+    },
+    /// A TLS file or credential setting cannot be used (raised before connecting).
+    #[error(transparent)]
+    Security(#[from] super::security::SecurityError),
     /// Any other etcd error.
     #[error("etcd error during {op}: {source}")]
     Other {
@@ -60,9 +88,15 @@ impl StoreError {
         use etcd_client::Error as E;
         use tonic::Code;
         match &source {
+            E::TransportError(e) if super::security::is_tls_failure(e) => Self::Tls { op, source },
+            E::IoError(e) if super::security::is_tls_failure(e) => Self::Tls { op, source },
             E::TransportError(_) | E::IoError(_) => Self::Unavailable { op, source },
             E::LeaseKeepAliveError(_) => Self::LeaseGone { op, source },
             E::GRpcStatus(s) => match s.code() {
+                Code::Unavailable | Code::Unknown if super::security::is_tls_failure(s) => {
+                    Self::Tls { op, source }
+                }
+                Code::Unauthenticated | Code::PermissionDenied => Self::Denied { op, source },
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
                     Self::Unavailable { op, source }
                 }
@@ -89,6 +123,11 @@ impl StoreError {
     /// The revision asked for was compacted.
     pub fn is_compacted(&self) -> bool {
         matches!(self, Self::Compacted { .. })
+    }
+
+    /// etcd refused the credentials or the operation (RBAC).
+    pub fn is_denied(&self) -> bool {
+        matches!(self, Self::Denied { .. })
     }
 
     /// The lease is gone.
@@ -146,5 +185,18 @@ pub(super) mod tests {
         );
         assert!(!e.is_retryable() && !e.is_compacted() && !e.is_lease_gone());
         assert!(e.to_string().starts_with("etcd error during txn"));
+        let e = StoreError::classify(
+            "txn",
+            status(Code::PermissionDenied, "etcdserver: permission denied"),
+        );
+        assert!(e.is_denied() && !e.is_retryable());
+        let e = StoreError::classify(
+            "connect",
+            status(
+                Code::Unavailable,
+                "error trying to connect: invalid peer certificate: UnknownIssuer",
+            ),
+        );
+        assert!(matches!(e, StoreError::Tls { .. }) && !e.is_retryable());
     }
 }

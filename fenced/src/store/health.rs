@@ -174,10 +174,21 @@ pub async fn probe_endpoints(
     opts: &StoreOptions,
 ) -> Vec<(String, Option<String>)> {
     let timeout = opts.connect_timeout.min(opts.health_timeout);
-    let popts = ConnectOptions::new().with_connect_timeout(timeout);
+    // Same TLS and credentials as the store (files already checked when it connected;
+    // if they fail here the endpoint is probed by TCP connect only).
+    let popts = opts
+        .security
+        .apply(
+            endpoints,
+            ConnectOptions::new().with_connect_timeout(timeout),
+        )
+        .ok();
     let mut set = tokio::task::JoinSet::new();
     for (i, ep) in endpoints.iter().enumerate() {
-        let client = Client::connect([ep], Some(popts.clone())).await.ok();
+        let client = match &popts {
+            Some(p) => Client::connect([ep], Some(p.clone())).await.ok(),
+            None => None,
+        };
         let probe = probe_endpoint(ep.clone(), client, key.to_owned(), timeout);
         set.spawn(async move { (i, probe.await) });
     }
@@ -200,6 +211,33 @@ pub async fn probe_endpoints(
         .collect()
 }
 
+/// One endpoint as the last probe round saw it ([`EtcdStore::endpoint_rotation`]).
+///
+/// [`EtcdStore::endpoint_rotation`]: super::EtcdStore::endpoint_rotation
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EndpointState {
+    /// The endpoint URL, as configured.
+    pub endpoint: String,
+    /// Whether the client balances requests onto it.
+    pub in_rotation: bool,
+    /// `serves`, `degraded` (answers `Status`, no linearizable read), `silent`
+    /// (accepts connections, answers nothing) or `refused`.
+    pub verdict: &'static str,
+    /// How long the probe took (its requests are bounded by the probe timeout).
+    pub probe: Duration,
+}
+
+impl Probe {
+    fn verdict(&self) -> &'static str {
+        match self {
+            Self::Serves => "serves",
+            Self::Degraded(_) => "degraded",
+            Self::Silent => "silent",
+            Self::Refused => "refused",
+        }
+    }
+}
+
 /// The probing task's state.
 struct Rotation {
     in_rotation: Vec<bool>,
@@ -217,6 +255,7 @@ impl EndpointHealth {
         key: &str,
         opts: &StoreOptions,
         removals: Arc<tokio::sync::watch::Sender<u64>>,
+        states: Arc<tokio::sync::watch::Sender<Vec<EndpointState>>>,
     ) -> Self {
         let timeout = opts.connect_timeout.min(opts.health_timeout);
         // No request timeout of its own: the probe's `timeout` bounds each call. No
@@ -224,10 +263,18 @@ impl EndpointHealth {
         let popts = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+        // Same TLS and credentials as the store, which already checked them.
+        let popts = opts.security.apply(endpoints, popts);
         let mut targets = Vec::with_capacity(endpoints.len());
         for ep in endpoints {
             // Lazy: nothing is sent before the first probe.
-            let client = match Client::connect([ep], Some(popts.clone())).await {
+            let connected = match &popts {
+                Ok(p) => Client::connect([ep], Some(p.clone()))
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let client = match connected {
                 Ok(c) => Some(c),
                 Err(e) => {
                     tracing::warn!(step = "etcd_endpoint", endpoint = %ep, error = %e, "cannot build a probe client for etcd endpoint {ep}: probing it by TCP connect only (a hung member there stays in rotation)");
@@ -244,11 +291,14 @@ impl EndpointHealth {
             in_rotation: vec![true; endpoints.len()],
             none_serves: false,
         };
-        Self::probe(&client, &targets, &key, &mut state, timeout, &removals).await;
+        let publish = |s: Vec<EndpointState>| states.send_replace(s);
+        publish(Self::probe(&client, &targets, &key, &mut state, timeout, &removals).await);
         let task = tokio::spawn(async move {
             loop {
                 tokio::time::sleep(HEALTH_PERIOD).await;
-                Self::probe(&client, &targets, &key, &mut state, timeout, &removals).await;
+                let seen =
+                    Self::probe(&client, &targets, &key, &mut state, timeout, &removals).await;
+                states.send_replace(seen);
             }
         });
         Self { task }
@@ -261,7 +311,7 @@ impl EndpointHealth {
         state: &mut Rotation,
         timeout: Duration,
         removals: &tokio::sync::watch::Sender<u64>,
-    ) {
+    ) -> Vec<EndpointState> {
         // Concurrently: a hung endpoint costs one timeout per round, not one each.
         let mut set = tokio::task::JoinSet::new();
         for (i, t) in targets.iter().enumerate() {
@@ -271,12 +321,18 @@ impl EndpointHealth {
                 key.to_owned(),
                 timeout,
             );
-            set.spawn(async move { (i, probe.await) });
+            set.spawn(async move {
+                let t0 = Instant::now();
+                let p = probe.await;
+                (i, p, t0.elapsed())
+            });
         }
         let mut probes = vec![Probe::Silent; targets.len()];
+        let mut took = vec![timeout; targets.len()];
         while let Some(r) = set.join_next().await {
-            if let Ok((i, p)) = r {
+            if let Ok((i, p, d)) = r {
                 probes[i] = p;
+                took[i] = d;
             }
         }
         let want = rotation(&probes);
@@ -320,6 +376,17 @@ impl EndpointHealth {
                 }
             }
         }
+        targets
+            .iter()
+            .zip(probes.iter().zip(took))
+            .zip(&state.in_rotation)
+            .map(|((t, (p, probe)), &in_rotation)| EndpointState {
+                endpoint: t.endpoint.clone(),
+                in_rotation,
+                verdict: p.verdict(),
+                probe,
+            })
+            .collect()
     }
 }
 

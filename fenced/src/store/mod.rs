@@ -27,6 +27,7 @@ use tokio::sync::Mutex;
 
 use crate::keys::Keys;
 
+mod approvals;
 mod arenas;
 mod error;
 mod fence;
@@ -34,13 +35,17 @@ mod health;
 mod identity;
 mod membership;
 mod operator;
+pub mod roles;
 mod rows;
+mod security;
 mod view;
 
+pub use approvals::Approval;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
-pub use health::probe_endpoints;
+pub use health::{EndpointState, probe_endpoints};
 pub use membership::{BootRecord, Joined, RestartState};
+pub use security::{EtcdSecurity, SecurityError};
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
     decode_audit, decode_liveness, json_text,
@@ -80,6 +85,8 @@ pub struct EtcdStore {
     spare: Arc<Mutex<Option<(i64, Instant)>>>,
     /// Counts endpoints taken out of rotation ([`EtcdStore::endpoint_removals`]).
     removals: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Each endpoint as the last probe round saw it ([`EtcdStore::endpoint_rotation`]).
+    rotation: Arc<tokio::sync::watch::Sender<Vec<EndpointState>>>,
     /// Malformed records the sweep has logged (escaped key -> mod revision), so each
     /// is logged once ([`view`]).
     malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
@@ -179,6 +186,9 @@ pub struct StoreOptions {
     /// Keep it well under the lease TTL: keepalives sitting on a hung member are
     /// moved only once it is detected (up to 500 ms + this later).
     pub health_timeout: Duration,
+    /// TLS files and credentials of every connection (the store's and the health
+    /// probe's).
+    pub security: EtcdSecurity,
 }
 
 impl Default for StoreOptions {
@@ -193,6 +203,7 @@ impl Default for StoreOptions {
             keepalive_timeout: Duration::from_secs(2),
             first_attempt_timeout: Duration::from_secs(2),
             health_timeout: Duration::from_secs(1),
+            security: EtcdSecurity::default(),
         }
     }
 }
@@ -234,11 +245,13 @@ impl EtcdStore {
             .with_connect_timeout(opts.connect_timeout)
             .with_timeout(opts.request_timeout)
             .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+        let copts = opts.security.apply(endpoints, copts)?;
         let client = Client::connect(endpoints, Some(copts))
             .await
             .map_err(|e| StoreError::classify("connect", e))?;
         let keys = Keys::new(root);
         let removals = Arc::new(tokio::sync::watch::Sender::new(0));
+        let rotation = Arc::new(tokio::sync::watch::Sender::new(Vec::new()));
         let health = match endpoints.len() {
             0 | 1 => None,
             _ => Some(Arc::new(
@@ -248,6 +261,7 @@ impl EtcdStore {
                     keys.root(),
                     opts,
                     removals.clone(),
+                    rotation.clone(),
                 )
                 .await,
             )),
@@ -260,6 +274,7 @@ impl EtcdStore {
             first_attempt_timeout: opts.first_attempt_timeout,
             spare: Arc::new(Mutex::new(None)),
             removals,
+            rotation,
             malformed_seen: Arc::default(),
             _health: health,
         };
@@ -287,6 +302,13 @@ impl EtcdStore {
     /// answer that never comes: reopen it, and it lands on a member that serves.
     pub fn endpoint_removals(&self) -> tokio::sync::watch::Receiver<u64> {
         self.removals.subscribe()
+    }
+
+    /// Each endpoint as the last probe round saw it: in rotation or not, the probe's
+    /// verdict and duration. Probing runs with two or more endpoints; with one, this
+    /// stays empty.
+    pub fn endpoint_rotation(&self) -> tokio::sync::watch::Receiver<Vec<EndpointState>> {
+        self.rotation.subscribe()
     }
 
     /// The etcd client (cheap clone).

@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod device;
 pub mod etcd;
 pub mod process;
+pub mod secure;
 
 use std::future::Future;
 use std::sync::Arc;

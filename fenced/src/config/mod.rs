@@ -6,561 +6,28 @@
 //! (`--config`), then the defaults in [`defaults`]. One struct, [`Layer`], is both the
 //! flag set and the file schema, so every key is named once.
 
-use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::ValueEnum;
 use fenced::NodeId;
 use fenced::agent::OnFenceConfig;
 use fenced::fencer::PreemptMode;
-use fenced::node::InvalidNodeId;
-use serde::Deserialize;
 
-/// The defaults, in one place.
-pub mod defaults {
-    /// etcd endpoint when none is configured.
-    pub const ETCD_ENDPOINT: &str = "http://127.0.0.1:2379";
-    /// Key root.
-    pub const ROOT: &str = "/fenced/";
-    /// Membership lease TTL.
-    pub const TTL_SECS: u64 = 5;
-    /// Shortest lease TTL accepted: etcd's own minimum (it silently lengthens
-    /// shorter leases).
-    pub const MIN_TTL_SECS: u64 = 2;
-    /// Self-fence margin, as a multiple of the lease TTL.
-    pub const SELF_FENCE_MARGIN_TTLS: u32 = 2;
-    /// Fence claim TTL.
-    pub const CLAIM_TTL_SECS: u64 = 120;
-    /// Reconciliation sweep period.
-    pub const SWEEP_SECS: u64 = 30;
-    /// Arenas claimed from the free pool.
-    pub const ARENAS: usize = 0;
-    /// Shortest etcd keepalive timeout accepted.
-    pub const MIN_ETCD_KEEPALIVE_TIMEOUT_SECS: u64 = 1;
-}
+mod args;
+mod check;
+pub mod defaults;
+mod error;
+mod etcd;
+mod file;
+pub mod limits;
 
-/// The ranges and relations every setting is checked against before `fenced run`
-/// touches etcd or a device.
-pub mod limits {
-    /// Longest lease TTL: a fence starts about one TTL after a death.
-    pub const MAX_TTL_SECS: u64 = 600;
-    /// Longest self-fence margin.
-    pub const MAX_SELF_FENCE_MARGIN_SECS: u64 = 3600;
-    /// Shortest fence claim TTL: an etcd lease (2 s) plus the claim and finish round
-    /// trips of a fence that severs nothing (`--fencer none`).
-    pub const MIN_CLAIM_TTL_SECS: u64 = 3;
-    /// Shortest fence claim TTL with the NVMe fencer: a preempt and a report read
-    /// must fit in it on a healthy device.
-    pub const MIN_NVME_CLAIM_TTL_SECS: u64 = 10;
-    /// Longest fence claim TTL: a dead controller's claim blocks the fence this long.
-    pub const MAX_CLAIM_TTL_SECS: u64 = 3600;
-    /// Shortest sweep period: a sweep reads every key under the root; at 0 one idle
-    /// daemon sent 1,833 transactions in 5 s.
-    pub const MIN_SWEEP_SECS: u64 = 1;
-    /// Longest sweep period: the sweep is what catches a DELETE the watch missed.
-    pub const MAX_SWEEP_SECS: u64 = 3600;
-    /// Longest wait for etcd at start.
-    pub const MAX_CONNECT_TIMEOUT_SECS: u64 = 86_400;
-    /// Most etcd endpoints.
-    pub const MAX_ENDPOINTS: usize = 16;
-    /// Longest key root.
-    pub const MAX_ROOT_LEN: usize = 128;
-    /// Most bytes of a config file.
-    pub const MAX_CONFIG_BYTES: u64 = 1 << 20;
-    /// Longest identifier (volume id, region, arena name).
-    pub const MAX_NAME_LEN: usize = 128;
-    /// Longest `--on-fence exec:` hook run: the daemon exits only after it.
-    pub const MAX_ON_FENCE_TIMEOUT_SECS: u64 = 600;
-}
-
-/// Which fencer the daemon uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum FencerKind {
-    /// Preempt the victim's NVMe reservation key, then verify it is gone.
-    Nvme,
-    /// Single-signal: bump on lease expiry alone (no shared device to cut off).
-    None,
-    /// Force-detach the shared EBS volume (`--ebs-volume-id`) and confirm with
-    /// DescribeVolumes (needs the `ebs` cargo feature). With `--fencer nvme` and a
-    /// volume id, EBS is the fallback level instead.
-    Ebs,
-}
-
-/// The Reservation Acquire action used to fence.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PreemptArg {
-    /// Preempt and abort the victim's outstanding commands.
-    PreemptAndAbort,
-    /// Preempt only.
-    Preempt,
-}
-
-/// Where etcd is: shared by `run` and the operator commands.
-#[derive(Debug, Clone, Default, clap::Args)]
-pub struct EtcdArgs {
-    /// etcd endpoints, comma separated.
-    #[arg(long, env = "FENCED_ETCD_ENDPOINTS", value_delimiter = ',')]
-    pub etcd_endpoints: Option<Vec<String>>,
-    /// Key root.
-    #[arg(long, env = "FENCED_ROOT")]
-    pub root: Option<String>,
-    /// Optional TOML config file (keys as the long flags, with underscores).
-    #[arg(long, env = "FENCED_CONFIG")]
-    pub config: Option<PathBuf>,
-}
-
-/// One layer of settings: the `run` flags (with their env vars) and the TOML file's
-/// schema. `etcd_endpoints` and `root` are file keys here; their flags are declared
-/// by [`EtcdArgs`] (the operator commands take them too).
-#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Layer {
-    #[arg(skip)]
-    etcd_endpoints: Option<Vec<String>>,
-    #[arg(skip)]
-    root: Option<String>,
-    /// This node's id ([A-Za-z0-9._-], at most 63).
-    #[arg(long, env = "FENCED_NODE_ID")]
-    node_id: Option<String>,
-    /// Instance id (default: EC2 instance id, else machine id).
-    #[arg(long, env = "FENCED_INSTANCE_ID")]
-    instance_id: Option<String>,
-    /// The shared namespace (/dev/nvmeXnY or /dev/ngXnY).
-    #[arg(long, env = "FENCED_BLOCK_DEVICE")]
-    block_device: Option<PathBuf>,
-    /// Fencer.
-    #[arg(long, env = "FENCED_FENCER", value_enum)]
-    fencer: Option<FencerKind>,
-    /// Reservation Acquire action used to fence.
-    #[arg(long, env = "FENCED_PREEMPT", value_enum)]
-    preempt: Option<PreemptArg>,
-    /// EBS fencer: the shared volume (vol-...). Alone with `--fencer ebs` (the default
-    /// when there is no --block-device); after NVMe as the fallback level otherwise.
-    #[arg(long, env = "FENCED_EBS_VOLUME_ID")]
-    ebs_volume_id: Option<String>,
-    /// EBS fencer: the region (default: the standard AWS chain, e.g. AWS_REGION, IMDS).
-    #[arg(long, env = "FENCED_EBS_REGION")]
-    ebs_region: Option<String>,
-    /// EBS fencer: EC2 endpoint override (a VPC endpoint, a test peer).
-    #[arg(long, env = "FENCED_EBS_ENDPOINT_URL")]
-    ebs_endpoint_url: Option<String>,
-    /// Membership lease TTL in seconds (2..=600).
-    #[arg(long, env = "FENCED_TTL_SECS")]
-    ttl_secs: Option<u64>,
-    /// Self-fence when the lease was not renewed for this long (default 2 x TTL; at
-    /// least the TTL, at most 3600).
-    #[arg(long, env = "FENCED_SELF_FENCE_MARGIN_SECS")]
-    self_fence_margin_secs: Option<u64>,
-    /// Fence claim TTL in seconds, longer than the longest fence: at least 3 (10 with
-    /// the NVMe fencer; more than the EBS fence deadline, 60 s, with EBS), at most 3600.
-    #[arg(long, env = "FENCED_CLAIM_TTL_SECS")]
-    claim_ttl_secs: Option<u64>,
-    /// Reconciliation sweep period in seconds (1..=3600).
-    #[arg(long, env = "FENCED_SWEEP_SECS")]
-    sweep_secs: Option<u64>,
-    /// Arenas to claim from the free pool.
-    #[arg(long, env = "FENCED_ARENAS")]
-    arenas: Option<usize>,
-    /// Arm this hardware watchdog (e.g. /dev/watchdog).
-    #[arg(long, env = "FENCED_WATCHDOG")]
-    watchdog_device: Option<PathBuf>,
-    /// Give up waiting for etcd at start after this many seconds and exit 1 with an
-    /// error. Without it the daemon waits as long as it takes: it retries with backoff
-    /// (0.5 s doubling up to 10 s) and logs every attempt as "waiting for etcd at
-    /// <endpoints>", so a host whose daemon starts before etcd joins once etcd answers.
-    #[arg(long, env = "FENCED_CONNECT_TIMEOUT_SECS")]
-    connect_timeout_secs: Option<u64>,
-    /// Drop an etcd connection whose HTTP/2 PING is not answered within this many
-    /// seconds (the client then reconnects, to another endpoint if this one is dead).
-    /// Default: the larger of 2 s and TTL/2, so a slow link that still renews the
-    /// lease is not torn down (a drop restarts the membership watch, breaks the lease
-    /// keepalive stream and fails requests in flight).
-    #[arg(long, env = "FENCED_ETCD_KEEPALIVE_TIMEOUT_SECS")]
-    etcd_keepalive_timeout_secs: Option<u64>,
-    /// What to do when this node self-fences or finds its key preempted: `exit`
-    /// (default), `reboot` (SysRq b at once) or `exec:COMMAND` (run it, e.g. to stop
-    /// the application, then exit). README "Operating it" says which to use when.
-    #[arg(long, env = "FENCED_ON_FENCE")]
-    on_fence: Option<String>,
-    /// How long an `exec:` on-fence hook may run before it is killed (default 30).
-    #[arg(long, env = "FENCED_ON_FENCE_TIMEOUT_SECS")]
-    on_fence_timeout_secs: Option<u64>,
-}
-
-/// `fenced run`'s flags: the etcd address, the settings layer, and the flags that
-/// only the command line sets (not the config file).
-#[derive(Debug, Clone, clap::Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    pub etcd: EtcdArgs,
-    #[command(flatten)]
-    pub settings: Layer,
-    /// Put these arenas into the free pool (if unowned) at start, comma separated.
-    #[arg(long, value_delimiter = ',')]
-    pub seed_arenas: Option<Vec<String>>,
-    /// Write our pid here; locked while the daemon runs, removed when it exits. It
-    /// names the control socket, so `fenced leave --pid-file` finds the daemon.
-    #[arg(long, env = "FENCED_PID_FILE")]
-    pub pid_file: Option<PathBuf>,
-    /// Listen here for `fenced leave` (a unix socket, mode 0660: root and the daemon's
-    /// group). Default: the pid file's path with the extension `.sock`; without either,
-    /// only SIGTERM makes the daemon leave.
-    #[arg(long, env = "FENCED_CONTROL_SOCKET")]
-    pub control_socket: Option<PathBuf>,
-    /// Log as JSON lines.
-    #[arg(long, env = "FENCED_LOG_JSON")]
-    pub log_json: bool,
-    /// For tests only: read this host's boot id from this file instead of
-    /// /proc/sys/kernel/random/boot_id (a test "reboots" by changing it).
-    #[arg(long, env = "FENCED_BOOT_ID_FILE")]
-    pub boot_id_file: Option<PathBuf>,
-    /// For tests only: the magic SysRq file `--on-fence reboot` writes `b` to, instead
-    /// of /proc/sysrq-trigger (a test points it at a temporary file).
-    #[arg(long, env = "FENCED_SYSRQ_TRIGGER_FILE")]
-    pub sysrq_trigger_file: Option<PathBuf>,
-    /// Run with reservations on a namespace that reports neither an NGUID nor an
-    /// EUI-64. Without either, fenced cannot tell the shared namespace from another
-    /// namespace of the same subsystem (only the subsystem NQN is compared), so it
-    /// refuses unless told. Command line / env only, on purpose.
-    #[arg(long, env = "FENCED_ALLOW_UNIDENTIFIED_NAMESPACE")]
-    pub allow_unidentified_namespace: bool,
-}
-
-/// A configuration that cannot be used; each says which setting and what to change.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConfigError {
-    /// The config file could not be read.
-    #[error("cannot read config {}: {source}", path.display())]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// The config file is not TOML.
-    #[error("invalid config {}: line {line}: {message}", path.display())]
-    Syntax {
-        path: PathBuf,
-        line: usize,
-        /// The parser's one-line message (its `Display` is a multi-line snippet).
-        message: String,
-    },
-    /// A key of the config file is unknown or its value has the wrong type.
-    #[error("invalid config {}: key `{key}`: {message}", path.display())]
-    Key {
-        path: PathBuf,
-        key: String,
-        /// The parser's one-line message (its `Display` is a multi-line snippet).
-        message: String,
-    },
-    /// `run` without a node id.
-    #[error("missing --node-id (or FENCED_NODE_ID, or node_id in the config)")]
-    MissingNodeId,
-    /// The node id is not valid.
-    #[error(transparent)]
-    NodeId(#[from] InvalidNodeId),
-    /// `--fencer nvme` without a device.
-    #[error("--fencer nvme needs --block-device (or use --fencer none for single-signal fencing)")]
-    NvmeWithoutDevice,
-    /// `--fencer ebs` without a volume.
-    #[error("--fencer ebs needs --ebs-volume-id")]
-    EbsWithoutVolume,
-    /// A volume with single-signal fencing.
-    #[error("--ebs-volume-id given with --fencer none (single-signal): drop one of them")]
-    EbsWithNone,
-    /// EBS settings in a build without the fencer.
-    #[error("this fenced was built without the EBS fencer: rebuild with `--features ebs`")]
-    EbsNotBuilt,
-    /// `--on-fence` is not `exit`, `reboot` or `exec:COMMAND`.
-    #[error(transparent)]
-    OnFence(#[from] fenced::agent::on_fence::InvalidOnFence),
-    /// The config path is not a regular file (a FIFO would block, `/dev/zero` never
-    /// ends).
-    #[error("cannot read config {}: it is a {kind}, not a regular file; point --config at a TOML file", path.display())]
-    NotAFile { path: PathBuf, kind: &'static str },
-    /// The config file is larger than [`limits::MAX_CONFIG_BYTES`].
-    #[error(
-        "cannot read config {}: larger than {} bytes (a config file has a few dozen lines); point --config at the right file",
-        path.display(), limits::MAX_CONFIG_BYTES
-    )]
-    TooLarge { path: PathBuf },
-    /// A number outside its range.
-    #[error("{setting} = {value}: must be {min}..={max}: {why}")]
-    OutOfRange {
-        setting: &'static str,
-        value: u64,
-        min: u64,
-        max: u64,
-        why: &'static str,
-    },
-    /// A string that breaks its rule.
-    #[error("{setting} = {value:?}: {rule}")]
-    BadValue {
-        setting: &'static str,
-        value: String,
-        rule: &'static str,
-    },
-    /// The instance id is not valid.
-    #[error("--instance-id: {0}")]
-    InstanceId(#[from] fenced::instance::InvalidInstanceId),
-}
-
-/// Reads the TOML config file (`None`: no file, an empty layer). Unknown keys and
-/// values of the wrong type are errors naming the key.
-pub fn load_file(path: Option<&Path>) -> Result<Layer, ConfigError> {
-    let Some(path) = path else {
-        return Ok(Layer::default());
-    };
-    let read = |source| ConfigError::Read {
-        path: path.to_owned(),
-        source,
-    };
-    // O_NONBLOCK: opening a FIFO does not wait for a writer; the type check below
-    // refuses it (and devices, directories) before anything is read.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(read)?;
-    let ft = file.metadata().map_err(read)?.file_type();
-    if !ft.is_file() {
-        return Err(ConfigError::NotAFile {
-            path: path.to_owned(),
-            kind: file_kind(ft),
-        });
-    }
-    let mut bytes = Vec::new();
-    file.take(limits::MAX_CONFIG_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(read)?;
-    if bytes.len() as u64 > limits::MAX_CONFIG_BYTES {
-        return Err(ConfigError::TooLarge {
-            path: path.to_owned(),
-        });
-    }
-    let text = String::from_utf8(bytes).map_err(|e| {
-        read(std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("not UTF-8 text ({e})"),
-        ))
-    })?;
-    parse_file(path, &text)
-}
-
-/// What a path that is not a regular file is, for an error line.
-pub fn file_kind(ft: std::fs::FileType) -> &'static str {
-    if ft.is_dir() {
-        "directory"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_char_device() {
-        "character device"
-    } else if ft.is_block_device() {
-        "block device"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_symlink() {
-        "symbolic link"
-    } else if ft.is_file() {
-        "regular file"
-    } else {
-        "special file"
-    }
-}
-
-/// The parser's message on one line (some span several: "invalid string\nexpected
-/// `"`, `'`").
-fn flat(message: &str) -> String {
-    message
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> {
-    let table: toml::Table = toml::from_str(text).map_err(|error| ConfigError::Syntax {
-        path: path.to_owned(),
-        line: error
-            .span()
-            .and_then(|s| text.get(..s.start))
-            .map_or(1, |before| 1 + before.matches('\n').count()),
-        message: flat(error.message()),
-    })?;
-    // Key by key first: serde's own error does not say which key was wrong.
-    for (key, value) in &table {
-        let one = toml::Table::from_iter([(key.clone(), value.clone())]);
-        if let Err(error) = toml::Value::Table(one).try_into::<Layer>() {
-            return Err(ConfigError::Key {
-                path: path.to_owned(),
-                key: key.clone(),
-                message: flat(error.message()),
-            });
-        }
-    }
-    toml::Value::Table(table)
-        .try_into()
-        .map_err(|error: toml::de::Error| ConfigError::Syntax {
-            path: path.to_owned(),
-            line: 1,
-            message: flat(error.message()),
-        })
-}
-
-/// Where etcd is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EtcdSettings {
-    /// Endpoints, in order.
-    pub endpoints: Vec<String>,
-    /// Key root.
-    pub root: String,
-}
-
-impl EtcdSettings {
-    /// The operator commands: endpoints and root from the flags (or env), else the
-    /// file, else the defaults; each endpoint and the root checked.
-    pub fn resolve(cli: &EtcdArgs, file: &Layer) -> Result<Self, ConfigError> {
-        let s = Self {
-            endpoints: cli
-                .etcd_endpoints
-                .clone()
-                .or_else(|| file.etcd_endpoints.clone())
-                .unwrap_or_else(|| vec![defaults::ETCD_ENDPOINT.to_owned()]),
-            root: cli
-                .root
-                .clone()
-                .or_else(|| file.root.clone())
-                .unwrap_or_else(|| defaults::ROOT.to_owned()),
-        };
-        if s.endpoints.is_empty() || s.endpoints.len() > limits::MAX_ENDPOINTS {
-            return Err(ConfigError::BadValue {
-                setting: "--etcd-endpoints",
-                value: s.endpoints.join(","),
-                rule: "give 1 to 16 endpoints, comma separated",
-            });
-        }
-        for e in &s.endpoints {
-            check_endpoint(e)?;
-        }
-        check_root(&s.root)?;
-        Ok(s)
-    }
-}
-
-/// An etcd endpoint: `http://host:port`, `https://host:port` or `host:port` (taken as
-/// http), the host a DNS name, an IPv4 address or a bracketed IPv6 address.
-fn check_endpoint(e: &str) -> Result<(), ConfigError> {
-    let bad = |rule| ConfigError::BadValue {
-        setting: "--etcd-endpoints",
-        value: e.to_owned(),
-        rule,
-    };
-    const RULE: &str =
-        "not an etcd URL: use http://HOST:PORT or https://HOST:PORT (e.g. http://10.0.0.5:2379)";
-    let rest = e
-        .strip_prefix("http://")
-        .or_else(|| e.strip_prefix("https://"))
-        .unwrap_or(e);
-    if rest.contains("://") {
-        return Err(bad("unsupported scheme: use http:// or https://"));
-    }
-    let authority = rest.strip_suffix('/').unwrap_or(rest);
-    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
-        let (addr, tail) = v6.split_once(']').ok_or_else(|| bad(RULE))?;
-        if addr.is_empty() || !addr.chars().all(|c| c.is_ascii_hexdigit() || c == ':') {
-            return Err(bad(RULE));
-        }
-        (addr, tail.strip_prefix(':').ok_or_else(|| bad(RULE))?)
-    } else {
-        let (host, port) = authority.rsplit_once(':').ok_or_else(|| bad(RULE))?;
-        let dns = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '.';
-        if host.is_empty() || !host.chars().all(dns) {
-            return Err(bad(RULE));
-        }
-        (host, port)
-    };
-    let _ = host;
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 && port.chars().all(|c| c.is_ascii_digit()) => Ok(()),
-        _ => Err(bad(RULE)),
-    }
-}
-
-/// The key root: starts with `/`, printable ASCII without spaces, at most
-/// [`limits::MAX_ROOT_LEN`] bytes.
-fn check_root(root: &str) -> Result<(), ConfigError> {
-    let ok = root.starts_with('/')
-        && root.len() <= limits::MAX_ROOT_LEN
-        && root.bytes().all(|b| b.is_ascii_graphic());
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::BadValue {
-            setting: "--root",
-            value: root.to_owned(),
-            rule: "a key root starts with / and has at most 128 printable ASCII characters, no spaces (e.g. /fenced/)",
-        })
-    }
-}
-
-/// A name that ends up in an etcd key, a log line or an API call (volume id, region,
-/// arena): 1..=[`limits::MAX_NAME_LEN`] characters from `[A-Za-z0-9._:-]`, starting
-/// with a letter or digit.
-fn check_name(setting: &'static str, value: &str) -> Result<(), ConfigError> {
-    let ok = !value.is_empty()
-        && value.len() <= limits::MAX_NAME_LEN
-        && value.chars().enumerate().all(|(i, c)| {
-            c.is_ascii_alphanumeric() || (i > 0 && matches!(c, '.' | '_' | ':' | '-'))
-        });
-    if ok {
-        Ok(())
-    } else {
-        Err(ConfigError::BadValue {
-            setting,
-            value: value.to_owned(),
-            rule: "use 1 to 128 of A-Z a-z 0-9 . _ : -, starting with a letter or digit",
-        })
-    }
-}
-
-/// A path the daemon writes into its pid file or logs: no control characters.
-fn check_path(setting: &'static str, path: &Path) -> Result<(), ConfigError> {
-    let text = path.to_string_lossy();
-    if text.is_empty() || text.chars().any(char::is_control) || path.to_str().is_none() {
-        return Err(ConfigError::BadValue {
-            setting,
-            value: text.into_owned(),
-            rule: "a path must be UTF-8 without control characters",
-        });
-    }
-    Ok(())
-}
-
-/// `value` (seconds) within `min..=max`.
-fn in_range(
-    setting: &'static str,
-    value: u64,
-    min: u64,
-    max: u64,
-    why: &'static str,
-) -> Result<Duration, ConfigError> {
-    if (min..=max).contains(&value) {
-        Ok(Duration::from_secs(value))
-    } else {
-        Err(ConfigError::OutOfRange {
-            setting,
-            value,
-            min,
-            max,
-            why,
-        })
-    }
-}
+pub use args::{EtcdArgs, FencerKind, Layer, PreemptArg, Role, RunArgs};
+use check::{check_name, check_path, in_range};
+pub use error::ConfigError;
+pub use etcd::EtcdSettings;
+#[cfg(test)]
+use file::parse_file;
+pub use file::{file_kind, load_file};
 
 /// The EBS fencer's settings.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -578,6 +45,7 @@ pub struct EbsSettings {
 pub struct Settings {
     pub etcd: EtcdSettings,
     pub node: NodeId,
+    pub role: Role,
     /// `None`: ask the host (EC2 instance id, else machine id) when the daemon starts.
     pub instance_id: Option<String>,
     pub block_device: Option<PathBuf>,
@@ -604,6 +72,7 @@ pub struct Settings {
     /// Where this boot's id is read.
     pub boot_id_file: PathBuf,
     pub allow_unidentified_namespace: bool,
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -644,6 +113,10 @@ impl Settings {
             },
         );
         check_fencer(fencer, block_device.is_some(), ebs.volume_id.is_some())?;
+        let role = l.role.or(file.role).unwrap_or_default();
+        if role == Role::Controller && fencer == FencerKind::Nvme {
+            return Err(ConfigError::NvmeControllerWithoutAgent);
+        }
         let preempt = match l.preempt.or(file.preempt) {
             Some(PreemptArg::Preempt) => PreemptMode::Preempt,
             Some(PreemptArg::PreemptAndAbort) | None => PreemptMode::PreemptAndAbort,
@@ -743,6 +216,7 @@ impl Settings {
         Ok(Self {
             etcd,
             node,
+            role,
             instance_id,
             block_device,
             fencer,
@@ -766,6 +240,7 @@ impl Settings {
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(fenced::agent::BOOT_ID_FILE)),
             allow_unidentified_namespace: cli.allow_unidentified_namespace,
+            metrics_listen: cli.metrics_listen,
         })
     }
 }
@@ -820,6 +295,11 @@ fn check_fencer(kind: FencerKind, device: bool, volume: bool) -> Result<(), Conf
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
+
+    use fenced::store::EtcdSecurity;
+
+    use super::etcd::ETCD_PASSWORD_ENV;
     use clap::Parser;
 
     #[derive(Debug, Parser)]
@@ -875,7 +355,11 @@ mod tests {
             s.etcd,
             EtcdSettings {
                 endpoints: vec![defaults::ETCD_ENDPOINT.into()],
-                root: defaults::ROOT.into()
+                root: defaults::ROOT.into(),
+                security: EtcdSecurity {
+                    password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+                    ..EtcdSecurity::default()
+                },
             }
         );
         assert_eq!(s.ttl, Duration::from_secs(5));
@@ -886,6 +370,7 @@ mod tests {
         assert_eq!(s.connect_timeout, None);
         assert_eq!(s.etcd_keepalive_timeout, None);
         assert_eq!(s.instance_id, None);
+        assert_eq!(s.role, Role::Both);
     }
 
     #[test]
@@ -1126,7 +611,7 @@ mod tests {
     }
 
     /// The commented example installed as /etc/fenced/fenced.toml.
-    const EXAMPLE: &str = include_str!("../../packaging/fenced.toml");
+    const EXAMPLE: &str = include_str!("../../../packaging/fenced.toml");
 
     /// The example's `# key = value` lines, uncommented.
     fn example_assignments() -> Vec<&'static str> {

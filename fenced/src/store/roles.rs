@@ -1,0 +1,235 @@
+//! etcd RBAC for the key layout: which prefixes each actor writes, as etcd roles
+//! (`fenced etcd-roles`), and applying them through etcd's auth API.
+//!
+//! Every role reads the whole root (the watch, the sweep, `status`). Writes:
+//!
+//! - `fenced-node-<n>`, a node agent: exactly its own `membership/<n>`,
+//!   `instance/<n>`, `liveness/<n>`, `departed/<n>`, `fence_pending/<n>` and
+//!   `fence_done/<n>` (the join drops its own stale intent and mark), and the prefix
+//!   `arena_node/<n>/`. Plus `arena_owner/` and `arena_free/` as whole prefixes:
+//!   those keys are named by arena, not by node, so etcd cannot tell node A's claim
+//!   from node B's (the remaining gap: a node could release or claim another's arena).
+//!   No `gen/`: the generation of a node is created by `--apply` (below), so an agent
+//!   never writes one.
+//! - `fenced-controller`: the fence path for every node: `fence_pending/`,
+//!   `fence_claim/`, `gen/`, `fence_done/`, `audit/`, and the fenced node's arenas
+//!   (`arena_owner/`, `arena_node/`, `arena_free/`).
+//! - `fenced-operator`: `fenced attest` runs the same fence path, so the same writes
+//!   as the controller, plus `approval/` (two-person fences, `fenced approve`); a
+//!   separate role so people and daemons are granted apart.
+
+use etcd_client::{Client, Permission, Txn, TxnOp, UserAddOptions};
+
+use super::{Result, StoreError, absent};
+use crate::keys::Keys;
+use crate::node::NodeId;
+
+/// Read or write access to one key or to every key under a prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    /// The key, or the prefix when `prefix`.
+    pub key: String,
+    /// A prefix (all keys starting with `key`) rather than one key.
+    pub prefix: bool,
+    /// Write access (read-write); else read only.
+    pub write: bool,
+}
+
+/// One etcd role and its grants.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EtcdRole {
+    /// Role name (`fenced-node-<n>`, `fenced-controller`, `fenced-operator`).
+    pub name: String,
+    /// What it may read and write.
+    pub grants: Vec<Grant>,
+    /// The node this role belongs to (node roles only).
+    pub node: Option<NodeId>,
+}
+
+/// Name of the controller role.
+pub const CONTROLLER_ROLE: &str = "fenced-controller";
+/// Name of the operator role.
+pub const OPERATOR_ROLE: &str = "fenced-operator";
+
+/// Name of a node's role.
+pub fn node_role(node: &NodeId) -> String {
+    format!("fenced-node-{node}")
+}
+
+fn read_prefix(k: &str) -> Grant {
+    Grant {
+        key: k.to_owned(),
+        prefix: true,
+        write: false,
+    }
+}
+
+fn write_key(k: String) -> Grant {
+    Grant {
+        key: k,
+        prefix: false,
+        write: true,
+    }
+}
+
+fn write_prefix(k: String) -> Grant {
+    Grant {
+        key: k,
+        prefix: true,
+        write: true,
+    }
+}
+
+/// The roles of a deployment under `keys` with `nodes`: one per node, then the
+/// controller's and the operator's.
+pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
+    let mut roles = Vec::with_capacity(nodes.len() + 2);
+    for n in nodes {
+        roles.push(EtcdRole {
+            name: node_role(n),
+            node: Some(n.clone()),
+            grants: vec![
+                read_prefix(keys.root()),
+                write_key(keys.membership(n)),
+                write_key(keys.instance(n)),
+                write_key(keys.liveness(n)),
+                write_key(keys.departed(n)),
+                write_key(keys.pending(n)),
+                write_key(keys.done(n)),
+                write_prefix(keys.arena_node_prefix(n)),
+                // Gap: arena keys are named by arena, not by node.
+                write_prefix(keys.arena_owner_prefix()),
+                write_prefix(keys.arena_free_prefix()),
+            ],
+        });
+    }
+    let fence_path = vec![
+        read_prefix(keys.root()),
+        write_prefix(keys.pending_prefix()),
+        write_prefix(keys.claim_prefix()),
+        write_prefix(keys.generation_prefix()),
+        write_prefix(keys.done_prefix()),
+        write_prefix(keys.audit_prefix()),
+        write_prefix(keys.arena_owner_prefix()),
+        write_prefix(keys.arena_node_all_prefix()),
+        write_prefix(keys.arena_free_prefix()),
+    ];
+    roles.push(EtcdRole {
+        name: CONTROLLER_ROLE.to_owned(),
+        node: None,
+        grants: fence_path.clone(),
+    });
+    let mut operator = fence_path;
+    // Two-person attested fences (`--approvals 2`).
+    operator.push(write_prefix(format!("{}approval/", keys.root())));
+    roles.push(EtcdRole {
+        name: OPERATOR_ROLE.to_owned(),
+        node: None,
+        grants: operator,
+    });
+    roles
+}
+
+/// Whether an auth API error says the thing already exists (applying twice is fine).
+fn exists(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("already exists")
+}
+
+/// Creates `roles` (adding grants to roles that exist), and for each node role a user
+/// named as the node (no password: its certificate's CN identifies it under
+/// `--client-cert-auth`) holding it; seeds `gen/<node>` = 0 where absent, so agents
+/// need no write on `gen/`. `client` must be etcd's root (or hold the `root` role).
+pub async fn apply_roles(client: &Client, keys: &Keys, roles: &[EtcdRole]) -> Result<()> {
+    let mut c = client.clone();
+    let other = |op: &'static str| move |source| StoreError::classify(op, source);
+    for role in roles {
+        match c.role_add(role.name.clone()).await {
+            Ok(_) => {}
+            Err(e) if exists(&e) => {}
+            Err(e) => return Err(other("role_add")(e)),
+        }
+        for g in &role.grants {
+            let mut p = if g.write {
+                Permission::read_write(g.key.clone())
+            } else {
+                Permission::read(g.key.clone())
+            };
+            if g.prefix {
+                p = p.with_prefix();
+            }
+            c.role_grant_permission(role.name.clone(), p)
+                .await
+                .map_err(other("role_grant_permission"))?;
+        }
+        if let Some(node) = &role.node {
+            match c
+                .user_add(node.as_str(), "", Some(UserAddOptions::new().with_no_pwd()))
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if exists(&e) => {}
+                Err(e) => return Err(other("user_add")(e)),
+            }
+            c.user_grant_role(node.as_str(), role.name.clone())
+                .await
+                .map_err(other("user_grant_role"))?;
+            let txn = Txn::new()
+                .when(vec![absent(keys.generation(node))])
+                .and_then(vec![TxnOp::put(keys.generation(node), "0", None)]);
+            c.txn(txn).await.map_err(other("seed_generation"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_role_writes_only_its_own_keys_and_never_a_generation() {
+        let keys = Keys::new("/f/");
+        let a = NodeId::new("a").unwrap();
+        let b = NodeId::new("b").unwrap();
+        let roles = role_plan(&keys, &[a.clone(), b.clone()]);
+        let names: Vec<&str> = roles.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "fenced-node-a",
+                "fenced-node-b",
+                CONTROLLER_ROLE,
+                OPERATOR_ROLE
+            ]
+        );
+        let covers = |r: &EtcdRole, key: &str| {
+            r.grants
+                .iter()
+                .any(|g| g.write && (g.key == key || (g.prefix && key.starts_with(&g.key))))
+        };
+        let node_a = &roles[0];
+        for own in [
+            keys.membership(&a),
+            keys.departed(&a),
+            keys.liveness(&a),
+            keys.instance(&a),
+            keys.arena_node(&a, "x"),
+        ] {
+            assert!(covers(node_a, &own), "{own}");
+        }
+        for other in [
+            keys.membership(&b),
+            keys.departed(&b),
+            keys.liveness(&b),
+            keys.arena_node(&b, "x"),
+            keys.generation(&a),
+            keys.generation(&b),
+            keys.claim(&b),
+            keys.audit(&b, 1),
+        ] {
+            assert!(!covers(node_a, &other), "{other}");
+        }
+        let ctl = &roles[2];
+        assert!(covers(ctl, &keys.generation(&b)) && !covers(ctl, &keys.membership(&b)));
+    }
+}

@@ -1,0 +1,785 @@
+//! `fenced` against a locked-down etcd (issue 16): TLS with certificates the test
+//! generates, `--client-cert-auth`, and authentication enabled through etcd's auth API.
+//!
+//! - A misconfigured TLS setup (missing key file, a CA that did not sign the server,
+//!   a server certificate for another host, an expired client certificate) is one
+//!   error line naming the file, within a bounded time, from the operator commands and
+//!   from `fenced run` (which otherwise waits for etcd forever): no retry loop.
+//! - A full fence over TLS with both identities (certificate CN, user and password
+//!   from a file): two `fenced run` daemons, one SIGKILLed, the other fences it (watch,
+//!   claim, bump, audit), across a member restart that drops every auth token.
+
+mod common;
+
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::process::FencedRun;
+use common::secure::{SecureEtcd, password_file, tls_args};
+use fenced::store::EtcdSecurity;
+use test_support::etcd::{Etcd, EtcdOptions};
+use test_support::tls::Pki;
+
+const ROOT: &str = "/sec/";
+
+fn fenced() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fenced"))
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// `fenced status` on `endpoint` with `security`; its output and how long it took.
+fn status(endpoint: &str, security: &EtcdSecurity) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let o = fenced()
+        .args(["status", "--root", ROOT, "--etcd-endpoints", endpoint])
+        .args(tls_args(security))
+        .env_remove("FENCED_ETCD_PASSWORD")
+        .output()
+        .unwrap();
+    (o, t0.elapsed())
+}
+
+/// Asserts a failure printed as exactly one `fenced: ` line containing every
+/// fragment of `expect`, within `limit`.
+fn assert_one_line(what: &str, o: &Output, took: Duration, limit: Duration, expect: &[&str]) {
+    let err = stderr(o);
+    assert!(!o.status.success(), "{what}: succeeded: {err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{what}: not one line: {err}");
+    assert!(lines[0].starts_with("fenced: "), "{what}: {err}");
+    for e in expect {
+        assert!(lines[0].contains(e), "{what}: {e:?} missing from: {err}");
+    }
+    assert!(
+        took < limit,
+        "{what}: took {took:?} (limit {limit:?}): {err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_misconfiguration_is_one_line_naming_the_file() {
+    let sec = SecureEtcd::start(None).await;
+    sec.add_prefix_role("reader", ROOT).await;
+    sec.add_user("ops", None, &["reader"]).await;
+    let limit = Duration::from_secs(8);
+
+    // The working setup first, so the failures below are the files' fault.
+    let (o, _) = status(&sec.endpoint(), &sec.security("ops"));
+    assert!(o.status.success(), "status over TLS: {}", stderr(&o));
+
+    // A key file that does not exist.
+    let mut s = sec.security("ops");
+    let missing = sec.pki.dir().join("no-such-key.pem");
+    s.key = Some(missing.clone());
+    let (o, took) = status(&sec.endpoint(), &s);
+    let m = missing.display().to_string();
+    assert_one_line("missing key", &o, took, limit, &[&m, "--etcd-key"]);
+
+    // A CA that did not sign the server's certificate.
+    let other = Pki::new("another CA");
+    let mut s = sec.security("ops");
+    s.ca = Some(other.ca());
+    let (o, took) = status(&sec.endpoint(), &s);
+    let ca = other.ca().display().to_string();
+    assert_one_line(
+        "bad CA",
+        &o,
+        took,
+        limit,
+        &["TLS handshake failed", "UnknownIssuer", &ca],
+    );
+
+    // An expired client certificate: the server refuses the handshake.
+    let expired = sec.pki.expired_client("ops");
+    let mut s = sec.security("ops");
+    s.cert = Some(expired.cert.clone());
+    s.key = Some(expired.key);
+    let (o, took) = status(&sec.endpoint(), &s);
+    let cert = expired.cert.display().to_string();
+    assert_one_line(
+        "expired client certificate",
+        &o,
+        took,
+        limit,
+        &["expired 2001-01-01", &cert],
+    );
+
+    // TLS files with a plaintext endpoint: refused before connecting.
+    let (o, took) = status(
+        &sec.endpoint().replace("https://", "http://"),
+        &sec.security("ops"),
+    );
+    assert_one_line("http endpoint", &o, took, limit, &["not https://"]);
+
+    // A server whose certificate names another host.
+    let wrong = Etcd::start_with(&EtcdOptions {
+        tls: Some(sec.pki.server_for("elsewhere", &["db.example.com"])),
+        ..EtcdOptions::default()
+    });
+    let (o, took) = status(&wrong.endpoint(), &sec.security("ops"));
+    assert_one_line(
+        "wrong host",
+        &o,
+        took,
+        limit,
+        &["TLS handshake failed", "NotValidForName"],
+    );
+
+    // `fenced run` waits for an unreachable etcd forever, but not for one that
+    // refuses its certificate: it exits with the same one line.
+    let mut s = sec.security("n1");
+    s.ca = Some(other.ca());
+    let t0 = Instant::now();
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", "n1", "--root", ROOT])
+        .args(["--etcd-endpoints", &sec.endpoint()])
+        .args(tls_args(&s))
+        .env("FENCED_LOG", "error")
+        .output()
+        .unwrap();
+    assert_one_line(
+        "run with a bad CA",
+        &o,
+        t0.elapsed(),
+        limit,
+        &["refused the connection", "UnknownIssuer", &ca],
+    );
+}
+
+/// Waits until `f` holds, polling every 100 ms, at most `limit`; on a timeout the
+/// panic carries `logs()`.
+async fn wait_for(
+    what: &str,
+    limit: Duration,
+    logs: impl Fn() -> String,
+    mut f: impl AsyncFnMut() -> bool,
+) {
+    let t0 = Instant::now();
+    while !f().await {
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}; logs:\n{}",
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_fence_over_tls_with_certificate_and_password_identities() {
+    // Tokens live 3 s; the run outlasts several and restarts the member, which
+    // forgets every simple token.
+    let mut sec = SecureEtcd::start(Some(3)).await;
+    sec.add_prefix_role("fenced", ROOT).await;
+    // Node a: user and password (from a file). Node b: its certificate's CN.
+    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
+    sec.add_user("b", None, &["fenced"]).await;
+    sec.add_user("ops", None, &["fenced"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut a_sec = EtcdSecurity {
+        ca: Some(sec.pki.ca()),
+        user: Some("a".into()),
+        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
+        ..EtcdSecurity::default()
+    };
+    // Node a also presents a certificate (the server requires one); its CN is not a
+    // user, so the identity etcd uses is the password's.
+    let a_cert = sec.pki.client("a-host");
+    a_sec.cert = Some(a_cert.cert);
+    a_sec.key = Some(a_cert.key);
+    let a_args = tls_args(&a_sec);
+    let b_args = sec.args("b");
+    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
+    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let ep = sec.endpoint();
+    // TTL 2 s (FencedRun's); the margin covers the member restart.
+    let ttl = ["--self-fence-margin-secs", "10"];
+    let mut a = FencedRun::start(
+        &ep,
+        ROOT,
+        "a",
+        dir.path(),
+        &[&a_args[..], &ttl].concat(),
+        &[],
+    );
+    let mut b = FencedRun::start(
+        &ep,
+        ROOT,
+        "b",
+        dir.path(),
+        &[&b_args[..], &ttl].concat(),
+        &[],
+    );
+
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+
+    // Outlast the token TTL twice, then restart the member: a's token is gone.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    sec.etcd.restart();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(a.running(), "a exited: {}", a.log());
+    assert!(b.running(), "b exited: {}", b.log());
+
+    let node_b = fenced::NodeId::new("b").unwrap();
+    let (gen_before, _) = ops.generation(&node_b).await.unwrap();
+    b.kill();
+    let logs = || format!("--- a\n{}\n--- etcd\n{}", a.log(), sec.etcd.log());
+    wait_for("a fenced b", Duration::from_secs(40), logs, async || {
+        ops.generation(&node_b)
+            .await
+            .is_ok_and(|(g, _)| g > gen_before)
+    })
+    .await;
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    let last = audit.last().expect("an audit record of b's fence");
+    assert_eq!(last["generation_before"], gen_before, "{last}");
+    assert!(
+        last.to_string().contains("\"a/"),
+        "the fence was not a's: {last}"
+    );
+    assert!(a.running(), "a exited: {}", a.log());
+    let log = a.log();
+    assert!(!log.contains("refused"), "a saw a refusal: {log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_node_roles_confine_each_node_to_its_own_keys() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    // The roles, applied through the binary as etcd's root.
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    assert!(
+        out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/membership/a"),
+        "{out}"
+    );
+    sec.add_user("ctl", None, &["fenced-controller"]).await;
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+
+    // Agents with their node's credentials only; the controller on its own.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut args = sec.args(n);
+        args.extend(["--role".to_owned(), "agent".to_owned()]);
+        args
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let mut c_args = sec.args("ctl");
+    c_args.extend(["--role".to_owned(), "controller".to_owned()]);
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || {
+        format!(
+            "--- a\n{}\n--- b\n{}\n--- ctl\n{}",
+            a.log(),
+            b.log(),
+            c.log()
+        )
+    };
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+
+    // Node b's credentials cannot write node a's keys, nor any generation.
+    let mut root = sec.client("root").await;
+    let snapshot = async |root: &mut etcd_client::Client| {
+        let mut out = Vec::new();
+        for k in [
+            "membership/a",
+            "departed/a",
+            "arena_node/a/x",
+            "gen/a",
+            "gen/b",
+        ] {
+            let r = root.get(format!("{ROOT}{k}"), None).await.unwrap();
+            out.push((k, r.kvs().first().map(|kv| kv.value().to_vec())));
+        }
+        out
+    };
+    let before = snapshot(&mut root).await;
+    let mut as_b = sec.client("b").await;
+    for k in [
+        "membership/a",
+        "departed/a",
+        "liveness/a",
+        "arena_node/a/x",
+        "gen/a",
+        "gen/b",
+        "fence_claim/a",
+    ] {
+        let e = as_b
+            .put(format!("{ROOT}{k}"), "forged", None)
+            .await
+            .expect_err(&format!("b wrote {k}"));
+        let e = fenced::store::StoreError::classify("put", e);
+        assert!(e.is_denied(), "{k}: {e}");
+        assert!(e.to_string().contains("permission denied"), "{k}: {e}");
+    }
+    // Through fenced's own transactions too: b departing a.
+    let store_b = sec.store("b", ROOT).await.expect("b's store");
+    let node_a = fenced::NodeId::new("a").unwrap();
+    let m = root.get(format!("{ROOT}membership/a"), None).await.unwrap();
+    let a_rev = m.kvs()[0].create_revision();
+    let e = store_b
+        .depart(&node_a, "i-a", a_rev, None)
+        .await
+        .unwrap_err();
+    assert!(e.is_denied(), "{e}");
+    assert_eq!(
+        snapshot(&mut root).await,
+        before,
+        "b's attempts changed a key"
+    );
+    assert!(a.running(), "a exited: {}", a.log());
+    let live = root.get(format!("{ROOT}liveness/a"), None).await.unwrap();
+    assert!(
+        !String::from_utf8_lossy(live.kvs()[0].value()).contains("forged"),
+        "liveness/a forged"
+    );
+
+    // The roles are enough for the protocol: b dies, the controller-only daemon
+    // fences it (claim, bump, audit) and a keeps running.
+    let node_b = fenced::NodeId::new("b").unwrap();
+    b.kill();
+    let logs = || format!("--- a\n{}\n--- ctl\n{}", a.log(), c.log());
+    wait_for("ctl fenced b", Duration::from_secs(40), logs, async || {
+        ops.generation(&node_b).await.is_ok_and(|(g, _)| g == 1)
+    })
+    .await;
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    assert_eq!(audit.len(), 1, "{audit:?}");
+    assert!(audit[0].to_string().contains("\"ctl/"), "{}", audit[0]);
+    assert!(a.running(), "a exited: {}", a.log());
+    assert!(c.running(), "ctl exited: {}", c.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_nodes_role_makes_it_self_fence() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+    // a: agent only; b: agent and controller (node role plus the controller role).
+    sec.client("root")
+        .await
+        .user_grant_role("b", "fenced-controller")
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut a_args = sec.args("a");
+    a_args.extend(["--role".to_owned(), "agent".to_owned()]);
+    // b, the fencer, gets a wide margin: a spurious self-fence of b under a loaded
+    // machine would leave no one to fence a.
+    let mut b_args = sec.args("b");
+    b_args.extend(["--self-fence-margin-secs".to_owned(), "10".to_owned()]);
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+
+    sec.client("root")
+        .await
+        .user_revoke_role("a", "fenced-node-a")
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    while a.running() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "a still running 20 s after its role was revoked: {}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = a.log();
+    assert!(log.contains("self-fenced"), "{log}");
+    assert!(log.contains("etcd refuses this node's writes"), "{log}");
+    // And b fenced it once its lease expired.
+    let node_a = fenced::NodeId::new("a").unwrap();
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for("b fenced a", Duration::from_secs(40), logs, async || {
+        ops.generation(&node_a).await.is_ok_and(|(g, _)| g >= 1)
+    })
+    .await;
+    let done = ops.audit_records(&node_a).await.unwrap();
+    let done: Vec<_> = done
+        .iter()
+        .filter(|r| r["generation_after"] != r["generation_before"])
+        .collect();
+    assert_eq!(done.len(), 1, "a fenced more than once: {done:?}");
+    assert_eq!(ops.generation(&node_a).await.unwrap().0, 1);
+}
+
+/// A fault under TLS and auth: the etcd member is SIGKILLed and restarted while a
+/// fence waits before its finishing transaction (`fence::bump`); the restarted member
+/// has forgotten every auth token, and the fence completes once, re-authenticated.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_killed_mid_fence_over_tls_and_auth() {
+    let mut sec = SecureEtcd::start(Some(3)).await;
+    sec.add_prefix_role("fenced", ROOT).await;
+    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
+    sec.add_user("b", None, &["fenced"]).await;
+    sec.add_user("ops", None, &["fenced"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let a_cert = sec.pki.client("a-host");
+    let a_sec = EtcdSecurity {
+        ca: Some(sec.pki.ca()),
+        cert: Some(a_cert.cert),
+        key: Some(a_cert.key),
+        user: Some("a".into()),
+        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
+        ..EtcdSecurity::default()
+    };
+    let ep = sec.endpoint();
+    let margin = ["--self-fence-margin-secs", "10", "--claim-ttl-secs", "20"];
+    let (a_tls, b_tls) = (tls_args(&a_sec), sec.args("b"));
+    let a_args = [strs(&a_tls), margin.to_vec()].concat();
+    let b_args = [strs(&b_tls), margin.to_vec()].concat();
+    let mut a = FencedRun::start(
+        &ep,
+        ROOT,
+        "a",
+        dir.path(),
+        &a_args,
+        &[("FAILPOINTS", "fence::bump=return(a/*=sleep:4000)")],
+    );
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &b_args, &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+    b.kill();
+    // The claim is taken; the fence now waits 4 s before its finishing transaction.
+    let mut root = sec.client("root").await;
+    let t0 = Instant::now();
+    loop {
+        let r = root
+            .get(format!("{ROOT}fence_claim/b"), None)
+            .await
+            .unwrap();
+        if !r.kvs().is_empty() {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(20),
+            "no claim on b: {}",
+            a.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sec.etcd.restart();
+    let node_b = fenced::NodeId::new("b").unwrap();
+    // Still mid-fence: the restart came between the claim and the bump.
+    let g = root.get(format!("{ROOT}gen/b"), None).await.unwrap();
+    assert_eq!(
+        g.kvs()[0].value(),
+        b"0",
+        "the fence finished before the restart"
+    );
+    let logs = || format!("--- a\n{}\n--- etcd\n{}", a.log(), sec.etcd.log());
+    wait_for("a fenced b", Duration::from_secs(40), logs, async || {
+        ops.generation(&node_b).await.is_ok_and(|(g, _)| g == 1)
+    })
+    .await;
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    let done: Vec<_> = audit
+        .iter()
+        .filter(|r| r["generation_after"] != r["generation_before"])
+        .collect();
+    assert_eq!(done.len(), 1, "{audit:?}");
+    assert!(a.running(), "a exited: {}", a.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attest_needs_the_operator_role_and_records_the_authenticated_identity() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("alice", None, &["fenced-operator"]).await;
+    // Agents only: nothing fences b but the operator.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut a = sec.args(n);
+        a.extend(["--role".to_owned(), "agent".to_owned()]);
+        a
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("alice", ROOT).await.expect("alice's store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+    b.kill();
+    let logs = || String::new();
+    wait_for(
+        "b's lease expired",
+        Duration::from_secs(20),
+        logs,
+        async || {
+            ops.status()
+                .await
+                .is_ok_and(|s| !s.members.iter().any(|(m, _)| m == "b"))
+        },
+    )
+    .await;
+    let attest = |cn: &str| {
+        fenced()
+            .args(["attest", "--root", ROOT, "--node-id", "b"])
+            .args(["--reason", "powered off; confirmed on the BMC"])
+            .args(["--etcd-endpoints", &ep])
+            .args(sec.args(cn))
+            .env("USER", "mallory")
+            .env_remove("FENCED_NODE_ID")
+            .output()
+            .unwrap()
+    };
+    // Node a's credentials (no operator role): etcd refuses the fence.
+    let o = attest("a");
+    let err = stderr(&o);
+    assert!(!o.status.success(), "a attested: {err}");
+    assert!(err.contains("permission denied"), "{err}");
+    let node_b = fenced::NodeId::new("b").unwrap();
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 0);
+    // Alice (operator role, identified by her certificate) fences b; the record names
+    // her, not $USER.
+    let o = attest("alice");
+    assert!(o.status.success(), "alice: {}", stderr(&o));
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 1);
+    let audit = ops.audit_records(&node_b).await.unwrap();
+    let rec = audit.last().unwrap().to_string();
+    assert!(rec.contains("alice"), "{rec}");
+    assert!(!rec.contains("mallory"), "{rec}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_person_attest_waits_for_a_second_distinct_operator() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("alice", None, &["fenced-operator"]).await;
+    sec.add_user("bob", None, &["fenced-operator"]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut a = sec.args(n);
+        a.extend(["--role".to_owned(), "agent".to_owned()]);
+        a
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("alice", ROOT).await.expect("alice's store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b joined",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.members.iter().any(|(m, _)| m == n))
+            })
+        },
+    )
+    .await;
+    b.kill();
+    wait_for(
+        "b's lease expired",
+        Duration::from_secs(20),
+        String::new,
+        async || {
+            ops.status()
+                .await
+                .is_ok_and(|s| !s.members.iter().any(|(m, _)| m == "b"))
+        },
+    )
+    .await;
+    let node_b = fenced::NodeId::new("b").unwrap();
+    let attest = |timeout: &str| {
+        let mut c = fenced();
+        c.args([
+            "attest",
+            "--root",
+            ROOT,
+            "--node-id",
+            "b",
+            "--approvals",
+            "2",
+        ])
+        .args(["--approval-timeout-secs", timeout])
+        .args(["--reason", "alice: powered off at the PDU"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("alice"))
+        .env_remove("FENCED_NODE_ID");
+        c
+    };
+    let approve = |cn: &str| {
+        fenced()
+            .args(["approve", "--root", ROOT, "--node-id", "b"])
+            .args(["--reason", &format!("{cn}: saw it dark on the BMC")])
+            .args(["--etcd-endpoints", &ep])
+            .args(sec.args(cn))
+            .output()
+            .unwrap()
+    };
+    // No approval in time: nothing fenced.
+    let t0 = Instant::now();
+    let o = attest("2").output().unwrap();
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("no approval of b's fence by a second operator"),
+        "{err}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 0);
+    // Nothing pending: approve refuses.
+    let o = approve("bob");
+    assert!(
+        !o.status.success() && stderr(&o).contains("awaits approval"),
+        "{}",
+        stderr(&o)
+    );
+
+    // Alice requests; she cannot approve herself; Bob approves; the fence happens.
+    let pending = attest("60")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for(
+        "alice's request",
+        Duration::from_secs(20),
+        String::new,
+        async || ops.approvals(&node_b).await.is_ok_and(|a| !a.is_empty()),
+    )
+    .await;
+    let o = approve("alice");
+    assert!(!o.status.success(), "alice approved her own request");
+    assert!(stderr(&o).contains("distinct operator"), "{}", stderr(&o));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        ops.generation(&node_b).await.unwrap().0,
+        0,
+        "fenced on one approval"
+    );
+    let o = approve("bob");
+    assert!(o.status.success(), "bob: {}", stderr(&o));
+    let out = tokio::task::spawn_blocking(move || pending.wait_with_output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "attest: {}", stderr(&out));
+    assert_eq!(ops.generation(&node_b).await.unwrap().0, 1);
+    let rec = ops
+        .audit_records(&node_b)
+        .await
+        .unwrap()
+        .last()
+        .unwrap()
+        .to_string();
+    for s in [
+        "alice+bob",
+        "alice: powered off at the PDU",
+        "bob: saw it dark on the BMC",
+    ] {
+        assert!(rec.contains(s), "{s:?} not in {rec}");
+    }
+    assert!(
+        ops.approvals(&node_b).await.unwrap().is_empty(),
+        "request left behind"
+    );
+}
