@@ -4,8 +4,9 @@
 //! Every role reads the whole root (the watch, the sweep, `status`). Writes:
 //!
 //! - `fenced-node-<n>`, a node agent: exactly its own `membership/<n>`,
-//!   `instance/<n>`, `liveness/<n>`, `departed/<n>`, `fence_pending/<n>` and
-//!   `fence_done/<n>` (the join drops its own stale intent and mark), and the prefix
+//!   `instance/<n>`, `liveness/<n>`, `departed/<n>`, `fence_pending/<n>`,
+//!   `fence_done/<n>` (the join drops its own stale intent and mark) and `boot/<n>`
+//!   (the join's and a clean leave's boot record), and the prefix
 //!   `arena_node/<n>/`. Plus `arena_owner/` and `arena_free/` as whole prefixes:
 //!   those keys are named by arena, not by node, so etcd cannot tell node A's claim
 //!   from node B's (the remaining gap: a node could release or claim another's arena).
@@ -96,6 +97,8 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
                 write_key(keys.departed(n)),
                 write_key(keys.pending(n)),
                 write_key(keys.done(n)),
+                // The join's and the leave's boot record (the restart rules).
+                write_key(keys.boot(n)),
                 write_prefix(keys.arena_node_prefix(n)),
                 // Gap: arena keys are named by arena, not by node.
                 write_prefix(keys.arena_owner_prefix()),
