@@ -16,8 +16,8 @@
 //!   `fence_claim/`, `gen/`, `fence_done/`, `audit/`, and the fenced node's arenas
 //!   (`arena_owner/`, `arena_node/`, `arena_free/`).
 //! - `fenced-operator`: `fenced attest` runs the same fence path, so the same writes
-//!   as the controller, plus `approval/` (two-person fences, `fenced approve`); a
-//!   separate role so people and daemons are granted apart.
+//!   as the controller, plus `approval/` (two-person fences, `fenced approve`) and `boot/`
+//!   (`fenced unfence`); a separate role so people and daemons are granted apart.
 
 use etcd_client::{Client, Permission, Txn, TxnOp, UserAddOptions};
 
@@ -125,6 +125,8 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
     let mut operator = fence_path;
     // Two-person attested fences (`--approvals 2`).
     operator.push(write_prefix(format!("{}approval/", keys.root())));
+    // `fenced unfence` rewrites a fenced node's boot record (audited under `audit/`).
+    operator.push(write_prefix(keys.boot_prefix()));
     roles.push(EtcdRole {
         name: OPERATOR_ROLE.to_owned(),
         node: None,
