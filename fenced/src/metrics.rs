@@ -670,6 +670,11 @@ impl nvme_resv::Reservations for ObservedDevice {
     fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
         self.timed("report", || self.inner.report())
     }
+    // Forwarded explicitly: the trait's default answers Unsupported, and a fencer whose
+    // device cannot identify itself refuses every fence (the namespace check).
+    fn identity(&self) -> nvme_resv::Result<nvme_resv::NamespaceIdentity> {
+        self.timed("identify", || self.inner.identity())
+    }
 }
 
 /// Reports every probe round of `store`'s etcd endpoints to `observer`, until dropped.
@@ -877,6 +882,20 @@ mod tests {
         );
         assert!(text.contains("fenced_fences_total{result=\"failed\",trigger=\"sweep\"} 1"));
         assert!(text.contains("fenced_fence_step_duration_seconds_count{step=\"claim\"} 1"));
+    }
+
+    #[test]
+    fn the_observed_device_identifies_its_namespace() {
+        use nvme_resv::{HostId, NamespaceIdentity, Reservations};
+        let ns = nvme_resv::model::Namespace::new();
+        let id = NamespaceIdentity {
+            nguid: [0x5a; 16],
+            subnqn: "nqn.2014-08.org.fenced:test".to_owned(),
+            ..NamespaceIdentity::default()
+        };
+        ns.set_identity(id.clone());
+        let dev = ObservedDevice::wrap(Arc::new(ns.host(HostId([0xa; 16]))), Observer::new());
+        assert_eq!(dev.identity().unwrap(), id);
     }
 
     #[test]

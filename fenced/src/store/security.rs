@@ -183,36 +183,15 @@ impl EtcdSecurity {
         let mut tls = TlsOptions::new();
         match &self.ca {
             Some(path) => {
-                let pem = read("CA bundle (--etcd-ca)", path)?;
-                let certs = CertificateDer::pem_slice_iter(&pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| parse_error("CA bundle (--etcd-ca)", path, &e))?;
-                if certs.is_empty() {
-                    return Err(SecurityError::Parse {
-                        what: "CA bundle (--etcd-ca)",
-                        path: path.clone(),
-                        why: "no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)"
-                            .to_owned(),
-                    });
-                }
+                let (pem, _) = read_certificates("CA bundle (--etcd-ca)", path)?;
                 tls = tls.ca_certificate(Certificate::from_pem(pem));
             }
             None => tls = tls.with_native_roots(),
         }
         match (&self.cert, &self.key) {
             (Some(cert), Some(key)) => {
-                let cert_pem = read("client certificate (--etcd-cert)", cert)?;
-                let certs = CertificateDer::pem_slice_iter(&cert_pem)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| parse_error("client certificate (--etcd-cert)", cert, &e))?;
-                if certs.is_empty() {
-                    return Err(SecurityError::Parse {
-                        what: "client certificate (--etcd-cert)",
-                        path: cert.clone(),
-                        why: "no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)"
-                            .to_owned(),
-                    });
-                }
+                let (cert_pem, certs) =
+                    read_certificates("client certificate (--etcd-cert)", cert)?;
                 for c in &certs {
                     check_validity("client certificate (--etcd-cert)", cert, c)?;
                 }
@@ -409,6 +388,26 @@ fn is_https(endpoint: &str) -> bool {
     endpoint
         .get(..8)
         .is_some_and(|s| s.eq_ignore_ascii_case("https://"))
+}
+
+/// Reads a PEM file that must hold at least one certificate: its bytes and the
+/// certificates parsed from them.
+fn read_certificates(
+    what: &'static str,
+    path: &Path,
+) -> Result<(Vec<u8>, Vec<CertificateDer<'static>>), SecurityError> {
+    let pem = read(what, path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| parse_error(what, path, &e))?;
+    if certs.is_empty() {
+        return Err(SecurityError::Parse {
+            what,
+            path: path.to_owned(),
+            why: "no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)".to_owned(),
+        });
+    }
+    Ok((pem, certs))
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, SecurityError> {
