@@ -146,6 +146,9 @@ pub enum DaemonError {
         #[source]
         source: fenced::instance::InvalidInstanceId,
     },
+    /// `--on-fence reboot` could not reboot this host (the SysRq trigger).
+    #[error("{why}")]
+    OnFence { why: String },
     #[error("cannot use watchdog {}: {why}", path.display())]
     Watchdog { path: PathBuf, why: String },
     #[error("cannot install the {signal} handler: {source}")]
@@ -425,7 +428,7 @@ fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
 /// Runs the daemon until it leaves (SIGTERM, SIGINT, `fenced leave`) or self-fences.
 ///
 /// Order: everything that can be refused is checked or set up (instance id, watchdog,
-/// pid file, control socket, device, etcd connection, EBS client) before the first
+/// the SysRq trigger of `--on-fence reboot`, pid file, control socket, device, etcd connection, EBS client) before the first
 /// etcd write (`--seed-arenas`, then the join).
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -457,6 +460,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     }
     if let Some(w) = &s.watchdog_device {
         check_watchdog(w)?;
+    }
+    if s.on_fence.action == fenced::agent::OnFence::Reboot {
+        fenced::agent::check_reboot(&s.on_fence.sysrq_trigger)
+            .map_err(|why| DaemonError::OnFence { why })?;
     }
     let pid_file = match &s.pid_file {
         Some(p) => Some(PidFile::create(p, s.control_socket.as_deref())?),
