@@ -367,6 +367,7 @@ fn rows(
         let r = row(&mut rows, n);
         r.last_renewal_unix_ms = Some(l.unix_ms);
         r.lease_ttl_ms = Some(l.ttl_ms);
+        r.liveness_refresh_ms = Some(l.refresh_ms);
     }
     let plan = crate::core::plan_sweep(s);
     let owed = plan
@@ -578,6 +579,7 @@ mod tests {
             ttl_ms: 2000,
             margin_ms: 4000,
             unix_ms: 1700,
+            refresh_ms: 31_000,
         };
         assert_eq!(decode_liveness(r.encode().as_bytes()), Ok(r));
         for bad in [&b"1700"[..], b"yesterday", b"{}", b"\xff", &[b' '; 2000]] {
