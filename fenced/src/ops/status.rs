@@ -83,7 +83,7 @@ fn ago(now_ms: u64, then_ms: u64) -> String {
 /// whatever its liveness stamp says (refreshed only every `liveness_refresh_ms`);
 /// anyone else's last proof of life is that stamp.
 fn renewed(r: &NodeRow, now_ms: u64) -> String {
-    match (r.member, r.lease_ttl_ms, r.last_renewal_unix_ms) {
+    match (r.member, r.lease_ttl_ms, r.liveness_stamp_unix_ms) {
         (true, Some(ttl), _) => format!("<{}s ago", ttl.div_ceil(1000)),
         (true, None, _) => "<TTL ago".to_owned(),
         (false, _, Some(t)) => ago(now_ms, t),
@@ -252,7 +252,7 @@ mod tests {
         let n1 = &doc["nodes"]["n1"];
         assert_eq!(
             keys(n1),
-            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms lease_ttl_ms liveness_refresh_ms member owed"
+            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms lease_ttl_ms liveness_refresh_ms liveness_stamp_unix_ms member owed"
         );
         assert_eq!(
             keys(&n1["owed"]),
@@ -271,5 +271,23 @@ mod tests {
             .collect();
         assert_eq!(&row[..3], ["n1", "no", "?"], "{text}");
         assert!(row.contains(&"OWED"), "{text}");
+    }
+
+    #[test]
+    fn renewed_is_the_lease_for_a_member_and_the_stamp_for_anyone_else() {
+        let stamped = NodeRow {
+            liveness_stamp_unix_ms: Some(100_000),
+            lease_ttl_ms: Some(2_000),
+            liveness_refresh_ms: Some(31_667),
+            ..NodeRow::default()
+        };
+        // A member's stamp may be 30 s old: its lease says more.
+        let member = NodeRow {
+            member: true,
+            ..stamped.clone()
+        };
+        assert_eq!(renewed(&member, 131_000), "<2s ago");
+        assert_eq!(renewed(&stamped, 131_000), "31s ago");
+        assert_eq!(renewed(&NodeRow::default(), 131_000), "-");
     }
 }

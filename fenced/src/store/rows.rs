@@ -58,12 +58,16 @@ pub struct NodeRow {
     pub member: bool,
     /// Its instance id: the membership's, else the one recorded at its last join.
     pub instance: Option<String>,
+    /// Unix ms of the agent's last recorded lease renewal (`liveness/<node>`, the
+    /// agent's clock): known only from a record of an older version, which stamped
+    /// it at every renewal (`liveness_refresh_ms` 0); `None` otherwise, as today's
+    /// agents record no renewal (their stamp is [`NodeRow::liveness_stamp_unix_ms`]).
+    pub last_renewal_unix_ms: Option<u64>,
     /// Unix ms of the agent's last liveness stamp (`liveness/<node>`, the agent's
     /// clock): when it last proved itself alive in a record. Written when the agent
-    /// starts and refreshed every [`NodeRow::liveness_refresh_ms`]; older versions
-    /// wrote it at every lease renewal (the field's name is from then). A member's
-    /// lease was renewed within `lease_ttl_ms` whatever this says: etcd holds it.
-    pub last_renewal_unix_ms: Option<u64>,
+    /// starts and refreshed every [`NodeRow::liveness_refresh_ms`]. A member's lease
+    /// was renewed within `lease_ttl_ms` whatever this says: etcd holds it.
+    pub liveness_stamp_unix_ms: Option<u64>,
     /// The TTL of the lease it renews (ms), from the same record.
     pub lease_ttl_ms: Option<u64>,
     /// How often the agent refreshes that stamp (ms), from the same record: a node

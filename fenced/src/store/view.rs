@@ -365,7 +365,9 @@ fn rows(
     }
     for (n, l) in liveness {
         let r = row(&mut rows, n);
-        r.last_renewal_unix_ms = Some(l.unix_ms);
+        // Only an older agent's record, stamped at every renewal, dates a renewal.
+        r.last_renewal_unix_ms = Some(l.unix_ms).filter(|_| l.refresh_ms == 0);
+        r.liveness_stamp_unix_ms = Some(l.unix_ms);
         r.lease_ttl_ms = Some(l.ttl_ms);
         r.liveness_refresh_ms = Some(l.refresh_ms);
     }
