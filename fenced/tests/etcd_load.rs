@@ -8,7 +8,9 @@
 //! - a NOSPACE alarm: `fenced run` refuses to start in one line saying what to do, and
 //!   `fenced check` is CRITICAL;
 //! - a history never compacted and longer than the threshold: `fenced check` WARNING,
-//!   gone once etcd compacts.
+//!   gone once etcd compacts;
+//! - a record written by the previous version (at every renewal, no `refresh_ms`)
+//!   still dates its renewal in `fenced status`.
 
 mod common;
 
@@ -257,4 +259,31 @@ async fn a_long_history_never_compacted_is_a_warning_until_etcd_compacts() {
     c.compact(rev, None).await.unwrap();
     let (code, out) = check("500");
     assert_eq!(code, Some(0), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_daemons_per_renewal_record_still_shows_its_renewal() {
+    let etcd = Etcd::start();
+    let mut c = client(&etcd).await;
+    c.put(format!("{ROOT}gen/old"), "0", None).await.unwrap();
+    c.put(
+        format!("{ROOT}liveness/old"),
+        r#"{"lease":7,"ttl_ms":5000,"margin_ms":10000,"unix_ms":1700000000000}"#,
+        None,
+    )
+    .await
+    .unwrap();
+    let o = fenced()
+        .args(["status", "-o", "json", "--root", ROOT])
+        .args(["--etcd-endpoints", &etcd.endpoint()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let st: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let old = &st["nodes"]["old"];
+    assert_eq!(old["last_renewal_unix_ms"], 1_700_000_000_000u64, "{st}");
+    assert_eq!(old["liveness_stamp_unix_ms"], 1_700_000_000_000u64, "{st}");
+    assert_eq!(old["liveness_refresh_ms"], 0, "{st}");
+    assert_eq!(old["owed"]["since_unix_ms"], 1_700_000_000_000u64, "{st}");
+    assert!(st["malformed"].as_array().unwrap().is_empty(), "{st}");
 }
