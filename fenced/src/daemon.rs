@@ -157,6 +157,34 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// etcd refuses writes (a raised alarm): no join, claim or bump could be recorded.
+    #[error("refusing to start: {what}")]
+    EtcdSpace { what: String },
+}
+
+/// etcd's history and space, checked once at start (fenced::store::space; README
+/// "etcd compaction and quota"): a raised alarm refuses the start, as every write
+/// (a fence's too) would fail; anything else is one warning line. A check that cannot
+/// run is a warning, never a refusal.
+async fn check_etcd_space(store: &EtcdStore) -> Result<(), DaemonError> {
+    use fenced::store::{HISTORY_WARNING_REVISIONS, SpaceLevel, judge_space};
+    match store.space_report().await {
+        Ok(r) => {
+            let findings = judge_space(&r, HISTORY_WARNING_REVISIONS);
+            if let Some(f) = findings.iter().find(|f| f.level == SpaceLevel::Error) {
+                return Err(DaemonError::EtcdSpace {
+                    what: f.text.clone(),
+                });
+            }
+            for f in findings {
+                tracing::warn!(step = "etcd_space", "{}", f.text);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(step = "etcd_space", error = %e, "cannot check etcd's history and space (README: etcd compaction and quota)");
+        }
+    }
+    Ok(())
 }
 
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
@@ -511,6 +539,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             return Ok(ExitCode::SUCCESS);
         }
     };
+    check_etcd_space(&store).await?;
     let node = s.node;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     // The restart rule, before this daemon writes anything (see fenced::agent::boot).

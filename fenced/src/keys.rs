@@ -11,7 +11,8 @@
 //! <root>/arena_node/<node>/<arena>    index: arenas a node owns (one range read)
 //! <root>/arena_free/<arena>           free pool
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
-//! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
+//! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin;
+//!                                     written at start, refreshed every 30 s
 //! <root>/instance/<node>              instance id the node last joined with
 //! <root>/boot/<node>                  JSON: boot id and generation of the last join
 //! <root>/namespace                    create-only, JSON identity of the shared
@@ -298,7 +299,9 @@ impl Keys {
 
     node_key!(
         /// `liveness/<node>`: the lease the agent renews, its TTL and self-fence margin
-        /// (`core::attest::LivenessRecord`, JSON), rewritten at each renewal.
+        /// (`core::attest::LivenessRecord`, JSON), written when the agent starts and
+        /// refreshed every 30 s (older versions: at each renewal). The lease, not this
+        /// record, proves the node alive.
         liveness, liveness_prefix, "liveness"
     );
 

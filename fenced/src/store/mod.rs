@@ -13,7 +13,8 @@
 //! controller's transactions (claim, finish, abort); `membership` the agent's (join,
 //! depart, leases, liveness, watch); `arenas` the arena pool; `view` the one read of
 //! the key space behind the sweep and `fenced status`; `operator` the reads of the
-//! operator commands (`fenced attest`'s view of one node).
+//! operator commands (`fenced attest`'s view of one node); `space` etcd's history and
+//! space as a client sees them (alarms, compaction, database size).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,7 @@ mod operator;
 pub mod roles;
 mod rows;
 mod security;
+mod space;
 mod view;
 
 pub use approvals::Approval;
@@ -46,6 +48,9 @@ pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, probe_endpoints};
 pub use membership::{BootRecord, Joined, RestartState};
 pub use security::{EtcdSecurity, SecurityError};
+pub use space::{
+    Alarm, HISTORY_WARNING_REVISIONS, SpaceFinding, SpaceLevel, SpaceReport, judge_space,
+};
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
     decode_audit, decode_liveness, json_text,

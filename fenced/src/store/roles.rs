@@ -4,8 +4,10 @@
 //! Every role reads the whole root (the watch, the sweep, `status`). Writes:
 //!
 //! - `fenced-node-<n>`, a node agent: exactly its own `membership/<n>`,
-//!   `instance/<n>`, `liveness/<n>`, `departed/<n>`, `fence_pending/<n>`,
-//!   `fence_done/<n>` (the join drops its own stale intent and mark) and `boot/<n>`
+//!   `instance/<n>`, `liveness/<n>` (its record, and the agent's periodic check that
+//!   it may still write its own keys: a revoked node self-fences), `departed/<n>`,
+//!   `fence_pending/<n>`, `fence_done/<n>` (the join drops its own stale intent and
+//!   mark) and `boot/<n>`
 //!   (the join's and a clean leave's boot record), and the prefix
 //!   `arena_node/<n>/`. Plus `arena_owner/` and `arena_free/` as whole prefixes:
 //!   those keys are named by arena, not by node, so etcd cannot tell node A's claim
@@ -93,6 +95,8 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
                 read_prefix(keys.root()),
                 write_key(keys.membership(n)),
                 write_key(keys.instance(n)),
+                // The liveness record, and the keepalive's write-permission check
+                // (a transaction that would put it, whose guard never holds).
                 write_key(keys.liveness(n)),
                 write_key(keys.departed(n)),
                 write_key(keys.pending(n)),

@@ -365,8 +365,11 @@ fn rows(
     }
     for (n, l) in liveness {
         let r = row(&mut rows, n);
-        r.last_renewal_unix_ms = Some(l.unix_ms);
+        // Only an older agent's record, stamped at every renewal, dates a renewal.
+        r.last_renewal_unix_ms = Some(l.unix_ms).filter(|_| l.refresh_ms == 0);
+        r.liveness_stamp_unix_ms = Some(l.unix_ms);
         r.lease_ttl_ms = Some(l.ttl_ms);
+        r.liveness_refresh_ms = Some(l.refresh_ms);
     }
     let plan = crate::core::plan_sweep(s);
     let owed = plan
@@ -578,6 +581,7 @@ mod tests {
             ttl_ms: 2000,
             margin_ms: 4000,
             unix_ms: 1700,
+            refresh_ms: 31_000,
         };
         assert_eq!(decode_liveness(r.encode().as_bytes()), Ok(r));
         for bad in [&b"1700"[..], b"yesterday", b"{}", b"\xff", &[b' '; 2000]] {
