@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::error::{Error, Op, Result};
 use crate::fence::Fence;
 use crate::geometry::{Geometry, learn_geometry, probe_err};
-use crate::options::{EngineKind, Options};
+use crate::options::{EngineKind, Options, RingSetup};
 use crate::req::{Completion, Rejected, Req};
 use crate::sync::SyncEngine;
 use crate::sys::buf::AlignedBuf;
@@ -118,6 +118,9 @@ impl DirectWriter {
             register_file: options.register_file,
             dsync: options.dsync,
             single_issuer: options.single_issuer,
+            setup: options.ring_setup,
+            spin: options.spin_before_wait,
+            separate_submit: options.submit_mode.separate_at(queue_depth),
             registered_buffers: options.registered_buffers,
             buf_align: geometry.offset_align.max(geometry.mem_align),
         };
@@ -188,6 +191,15 @@ impl DirectWriter {
     /// Whether the io_uring engine uses a registered (fixed) file.
     pub fn uses_fixed_file(&self) -> bool {
         self.fixed_file
+    }
+
+    /// How the io_uring engine's ring is set up (the kernel may have refused the
+    /// [`Options::ring_setup`] asked for); `None` for the synchronous engine.
+    pub fn ring_setup(&self) -> Option<RingSetup> {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => Some(r.setup()),
+            Engine::Sync(_) => None,
+        }
     }
 
     /// Whether the io_uring engine has registered (fixed) buffers to lend
