@@ -21,7 +21,7 @@
 # CPU is user+system time of the whole process (bash `time`, i.e. wait4's rusage: fio's
 # job process and its io_uring threads; blockio's threads, including an SQPOLL thread),
 # start-up included, divided by the I/Os the tool reported.
-# Needs: fio, python3, cargo. The file system must support O_DIRECT (ext4, xfs, ...).
+# Needs: fio, jq, python3, cargo. The file system must support O_DIRECT (ext4, xfs, ...).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -36,7 +36,8 @@ OUT=${OUT:-$(mktemp -d /var/tmp/blockio-vs-fio.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/fenced-target}
 
 command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)" >&2; exit 1; }
-command -v python3 >/dev/null || { echo "python3 is needed to read fio's JSON" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "python3 is needed for the summary" >&2; exit 1; }
+command -v jq >/dev/null || { echo "jq is needed to read the tools' JSON (apt-get install jq)" >&2; exit 1; }
 
 echo "building the blockio driver (release)..." >&2
 cargo build --quiet --release -p blockio --example bench_write
@@ -89,14 +90,14 @@ run_variant() { # name rw bs qd
       --qd "$4" --runtime "$RUNTIME" ${variant_args[$1]} >"$OUT/last.json"
 }
 
-# iops bw_bytes ios, from the tool's JSON (outside the timed part)
+# iops bw_bytes ios, from the tool's JSON (outside the timed part; jq, not python,
+# whose start-up takes seconds on a loaded machine)
 parse() {
-  python3 -c 'import json,sys
-r = json.load(open(sys.argv[2]))
-if sys.argv[1] == "fio":
-    w = r["jobs"][0]["write"]; print(w["iops"], w["bw_bytes"], w["total_ios"])
-else:
-    print(r["iops"], r["bw_bytes"], r["ios"])' "$1" "$OUT/last.json"
+  if [[ $1 == fio ]]; then
+    jq -r '.jobs[0].write | "\(.iops) \(.bw_bytes) \(.total_ios)"' "$OUT/last.json"
+  else
+    jq -r '"\(.iops) \(.bw_bytes) \(.ios)"' "$OUT/last.json"
+  fi
 }
 
 ntools=${#tools[@]}
@@ -115,8 +116,8 @@ for ((rep = 1; rep <= REPS; rep++)); do
       read -r usr sys <"$OUT/last.time"
       printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$rep" "$tool" "$iops" "$bw" "$ios" \
         "$usr" "$sys" "$load" >>"$results"
-      python3 -c 'import sys; n,r,t,i,b,c,l=sys.argv[1:]; print(f"rep {r} {n:18s} {t:10s} {float(i):10.0f} IOPS {float(b)/2**20:8.1f} MiB/s  cpu {float(c):5.2f} s  load {l}")' \
-        "$name" "$rep" "$tool" "$iops" "$bw" "$(python3 -c "print($usr+$sys)")" "$load" >&2
+      awk -v n="$name" -v r="$rep" -v t="$tool" -v i="$iops" -v b="$bw" -v u="$usr" -v s="$sys" \
+        -v l="$load" 'BEGIN { printf "rep %d %-18s %-12s %10.0f IOPS %8.1f MiB/s  cpu %5.2f s  load %s\n", r, n, t, i, b / 1048576, u + s, l }' >&2
     done
   done
 done

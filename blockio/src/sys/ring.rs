@@ -86,6 +86,9 @@ pub(crate) struct Ring {
     setup: RingSetup,
     spin: Duration,
     separate_submit: bool,
+    /// Calls into the kernel that did not wait, and that did (for tests).
+    polls: u64,
+    waits: u64,
     write_flags: i32,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
@@ -233,6 +236,8 @@ impl Ring {
             setup,
             spin: cfg.spin,
             separate_submit: cfg.separate_submit,
+            polls: 0,
+            waits: 0,
             write_flags: if cfg.dsync { libc::RWF_DSYNC } else { 0 },
             slots: (0..qd).map(|_| None).collect(),
             free: (0..qd).rev().collect(),
@@ -258,6 +263,12 @@ impl Ring {
     /// The setup in use.
     pub(crate) fn setup(&self) -> RingSetup {
         self.setup
+    }
+
+    /// Calls into the kernel that did not wait, and that did.
+    #[cfg(test)]
+    pub(crate) fn enters(&self) -> (u64, u64) {
+        (self.polls, self.waits)
     }
 
     fn sqpoll(&self) -> bool {
@@ -448,6 +459,9 @@ impl Ring {
     }
 
     fn enter(&mut self, want: usize) -> Result<usize> {
+        if want > 0 {
+            self.waits += 1;
+        }
         // An SQPOLL ring counts its entries when they are pushed (`push`).
         let count = !self.sqpoll();
         loop {
@@ -545,6 +559,7 @@ impl Ring {
     /// Submits what is queued and runs pending task work without waiting, so that
     /// every completion already finished in the kernel is visible in the CQ.
     fn poll(&mut self) -> Result<()> {
+        self.polls += 1;
         if self.sqpoll() {
             // The kernel thread submits and runs the completion work; this only wakes
             // it if it went to sleep (and flushes an overflowed CQ).
