@@ -647,14 +647,14 @@ mod tests {
         for (mode, qd, separate) in [
             (SubmitMode::WithWait, 1, false),
             (SubmitMode::Separate, 32, true),
-            (SubmitMode::Auto, 1, true),
-            (SubmitMode::Auto, SubmitMode::AUTO_SEPARATE_MAX_QD, true),
+            (SubmitMode::Auto, 1, false),
             (
                 SubmitMode::Auto,
-                SubmitMode::AUTO_SEPARATE_MAX_QD + 1,
+                SubmitMode::AUTO_SEPARATE_MIN_QD - 1,
                 false,
             ),
-            (SubmitMode::Auto, 32, false),
+            (SubmitMode::Auto, SubmitMode::AUTO_SEPARATE_MIN_QD, true),
+            (SubmitMode::Auto, 32, true),
         ] {
             let mut w = open_opts(
                 &path,

@@ -158,9 +158,9 @@ impl Ring {
                 if matches!(cfg.setup, RingSetup::SqPoll { .. })
                     && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EPERM)) =>
             {
-                tracing::warn!(error = %e, "io_uring: SQPOLL refused; using the cooperative setup");
-                match build(RingSetup::Cooperative) {
-                    Ok(r) => (r, RingSetup::Cooperative),
+                tracing::warn!(error = %e, "io_uring: SQPOLL refused; using the plain setup");
+                match build(RingSetup::Plain) {
+                    Ok(r) => (r, RingSetup::Plain),
                     Err(e) => return Err(ring_err("setup")(e)),
                 }
             }
