@@ -9,6 +9,12 @@
 //!
 //! The ring interprets no result: every completion goes to the writer's [`Judge`],
 //! which says whether to submit the rest of the request or how it ended.
+//!
+//! How it is set up ([`RingSetup`]) and how it waits (a separate submission first,
+//! polling before sleeping) change only when requests reach the kernel and when their
+//! completions are collected, never what a result means; with SQPOLL the kernel thread
+//! may take an entry as soon as it is pushed, which the buffer rule above already
+//! covers (a slot's buffer lives until its completion is reaped).
 
 use std::collections::VecDeque;
 use std::fs::File;
