@@ -118,7 +118,11 @@ impl DirectWriter {
             register_file: options.register_file,
             dsync: options.dsync,
             single_issuer: options.single_issuer,
-            setup: options.ring_setup,
+            setup: match options.ring_setup {
+                RingSetup::Auto if geometry.tmpfs => RingSetup::Cooperative,
+                RingSetup::Auto => RingSetup::Plain,
+                other => other,
+            },
             spin: options.spin_before_wait,
             separate_submit: options.submit_mode.separate_at(queue_depth),
             registered_buffers: options.registered_buffers,
@@ -576,6 +580,10 @@ mod tests {
         w
     }
 
+    fn w_geometry_tmpfs(path: &Path) -> bool {
+        open(path, EngineKind::Sync).geometry.tmpfs
+    }
+
     /// Every way the io_uring engine can be set up and driven, for tests that must hold
     /// in all of them.
     fn ring_variants() -> Vec<Options> {
@@ -631,16 +639,46 @@ mod tests {
             let w = open_opts(&path, base(EngineKind::IoUring).ring_setup(setup));
             assert_eq!(w.ring_setup(), Some(setup));
             if matches!(setup, RingSetup::SqPoll { .. }) {
-                // The kernel's polling thread is one of this process's threads.
-                let sqpoll_threads = std::fs::read_dir("/proc/self/task")
-                    .expect("/proc/self/task")
-                    .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-                    .filter(|comm| comm.starts_with("iou-sqp"))
-                    .count();
-                assert!(sqpoll_threads > 0, "no iou-sqp thread with {setup}");
+                // The kernel's polling thread is one of this process's threads; it
+                // names itself once it first runs, which on a loaded machine may be a
+                // moment after the ring was set up.
+                let sqpoll_threads = || {
+                    std::fs::read_dir("/proc/self/task")
+                        .expect("/proc/self/task")
+                        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                        .filter(|comm| comm.starts_with("iou-sqp"))
+                        .count()
+                };
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while sqpoll_threads() == 0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                assert!(sqpoll_threads() > 0, "no iou-sqp thread with {setup}");
             }
         }
         assert_eq!(open(&path, EngineKind::Sync).ring_setup(), None);
+        // The default picks by where the file is: plain for a disk file system ...
+        assert!(!w_geometry_tmpfs(&path));
+        let w = open(&path, EngineKind::IoUring);
+        assert_eq!(w.ring_setup(), Some(RingSetup::Plain));
+        drop(w);
+        // ... cooperative on tmpfs.
+        match tempfile::tempdir_in("/dev/shm") {
+            Ok(shm) => {
+                let p = shm.path().join("dev.img");
+                File::create(&p)
+                    .and_then(|f| f.set_len(LEN))
+                    .expect("create");
+                match DirectWriter::open(&p, base(EngineKind::IoUring)) {
+                    Ok(w) => assert_eq!(w.ring_setup(), Some(RingSetup::Cooperative)),
+                    Err(Error::DirectIoUnsupported { .. }) => {
+                        eprintln!("SKIPPED the tmpfs case: no O_DIRECT on tmpfs here")
+                    }
+                    Err(e) => panic!("open on /dev/shm: {e:?}"),
+                }
+            }
+            Err(e) => eprintln!("SKIPPED the tmpfs case: no /dev/shm ({e})"),
+        }
 
         // A queued write and a wait for it: with a separate submission the first call
         // into the kernel only submits (a poll), and the wait, if any, comes after.

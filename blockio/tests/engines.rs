@@ -147,6 +147,7 @@ fn model(bs: usize, ops: &[WriteOp]) -> Vec<u8> {
 fn ring_options() -> impl Strategy<Value = Options> {
     (
         prop_oneof![
+            Just(RingSetup::Auto),
             Just(RingSetup::Cooperative),
             Just(RingSetup::Plain),
             Just(RingSetup::SqPoll { idle_ms: 10 }),

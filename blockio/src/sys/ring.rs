@@ -143,7 +143,8 @@ impl Ring {
                         b.setup_single_issuer().setup_defer_taskrun();
                     }
                 }
-                RingSetup::Plain => {
+                // The writer resolves `Auto` before building the ring.
+                RingSetup::Plain | RingSetup::Auto => {
                     if cfg.single_issuer {
                         b.setup_single_issuer();
                     }
