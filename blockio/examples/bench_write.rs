@@ -4,7 +4,7 @@
 //! ```text
 //! bench_write --path FILE --rw randwrite|write --bs 4096 --qd 32 --runtime 5 \
 //!             [--size BYTES] [--engine auto|io_uring|sync] [--dsync] [--no-single-issuer]
-//!             [--registered-buffers] [--setup cooperative|plain|sqpoll[:IDLE_MS]]
+//!             [--registered-buffers] [--setup auto|cooperative|plain|sqpoll[:IDLE_MS]]
 //!             [--spin-us N] [--submit auto|with-wait|separate] [--refill batch|eager]
 //! ```
 //! `--registered-buffers` (or `BLOCKIO_BENCH_REGISTERED_BUFFERS=1` in the environment,
