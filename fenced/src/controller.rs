@@ -1296,6 +1296,136 @@ mod tests {
         assert!(!store.owed(&n("n2")) && !store.claimed(&n("n2")));
     }
 
+    /// Controllers `c0..c4` in view; `ranked[k]` is the id of rank `k` for `victim`.
+    fn ranked(victim: &str) -> (Roster, Vec<String>) {
+        let roster = Roster::listed((0..5).map(|i| (format!("c{i}"), None)), None);
+        let mut ids: Vec<String> = (0..5).map(|i| format!("c{i}")).collect();
+        ids.sort_by_key(|id| roster.fence_rank(id, &n(victim)));
+        (roster, ids)
+    }
+
+    fn ranked_controller(
+        store: &MemStore,
+        fencer: &Arc<Scripted>,
+        roster: &Roster,
+        id: &str,
+    ) -> Arc<Controller<MemStore>> {
+        let mut cfg = ControllerConfig::new(id);
+        cfg.standby_step = Duration::from_millis(1);
+        let c = Controller::new(store.clone(), fencer.clone() as Arc<dyn Fencer>, cfg);
+        c.set_roster(roster.clone());
+        c
+    }
+
+    #[tokio::test]
+    async fn only_the_first_rank_claims_a_death_and_its_standbys_only_check() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (roster, ids) = ranked("n1");
+        let ctls: Vec<_> = ids
+            .iter()
+            .map(|id| ranked_controller(&store, &fencer, &roster, id))
+            .collect();
+        let first = ctls[0].on_delete(victim("n1"), deleted_rev).await;
+        assert_eq!(first, Some(FenceState::Fenced { generation: 1 }));
+        for c in &ctls[1..] {
+            assert_eq!(c.on_delete(victim("n1"), deleted_rev).await, None);
+        }
+        assert_eq!(store.calls("claim"), 1, "one claim transaction");
+        assert_eq!(store.calls("fence_check"), 2, "ranks 1 and 2 checked");
+        assert_eq!((fencer.calls(), store.generation(&n("n1"))), (1, 1));
+        let left: u64 = ctls
+            .iter()
+            .map(|c| c.stats().left_to_peers.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(left, 4);
+        assert_eq!(ctls[1].stats().standby_checks.load(Ordering::SeqCst), 1);
+        assert_eq!(ctls[3].stats().standby_checks.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_standby_claims_a_death_nobody_claimed() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (roster, ids) = ranked("n1");
+        // The first rank never acts (dead, still announced).
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        let third = ranked_controller(&store, &fencer, &roster, &ids[2]);
+        assert_eq!(
+            second.on_delete(victim("n1"), deleted_rev).await,
+            Some(FenceState::Fenced { generation: 1 })
+        );
+        assert_eq!(third.on_delete(victim("n1"), deleted_rev).await, None);
+        assert_eq!((store.calls("claim"), store.calls("fence_check")), (1, 2));
+        assert_eq!(store.generation(&n("n1")), 1);
+    }
+
+    #[tokio::test]
+    async fn a_standby_whose_check_fails_claims() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (roster, ids) = ranked("n1");
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        store.fail_next("fence_check", 1);
+        assert_eq!(
+            second.on_delete(victim("n1"), deleted_rev).await,
+            Some(FenceState::Fenced { generation: 1 })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_standby_leaves_a_claim_in_hand_and_a_departure() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let (roster, ids) = ranked("n1");
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        let deleted_rev = dead(&store, "n1");
+        store.hold_claim(&n("n1"), "elsewhere");
+        assert_eq!(second.on_delete(victim("n1"), deleted_rev).await, None);
+        store.join(&n("n2"), "i-n2");
+        let deleted_rev = store.mark_departed(&n("n2"));
+        let (roster, ids) = ranked("n2");
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        assert_eq!(second.on_delete(victim("n2"), deleted_rev).await, None);
+        assert_eq!(store.calls("claim"), 0);
+        assert_eq!(fencer.calls(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_controller_whose_view_is_out_of_sync_claims_at_once() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (mut roster, ids) = ranked("n1");
+        roster.lost_sync();
+        let last = ranked_controller(&store, &fencer, &roster, &ids[4]);
+        assert_eq!(
+            last.on_delete(victim("n1"), deleted_rev).await,
+            Some(FenceState::Fenced { generation: 1 })
+        );
+        assert_eq!(store.calls("fence_check"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_sweep_is_stamped_and_a_failed_stamp_fails_nothing() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        dead(&store, "n1");
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
+        assert_eq!(store.state().sweep_stamps, ["c1"]);
+        store.fail_next("stamp_sweep", 1);
+        assert!(c.sweep_once().await.is_ok());
+        assert_eq!(store.state().sweep_stamps, ["c1"]);
+        // A failed sweep is not stamped.
+        store.fail_next("sweep_snapshot", 1);
+        assert!(c.sweep_once().await.is_err());
+        assert_eq!(store.state().sweep_stamps, ["c1"]);
+    }
+
     #[tokio::test]
     async fn the_sweep_drops_stale_marks_of_members_and_spares_its_own_node() {
         let store = MemStore::new();
