@@ -344,7 +344,14 @@ impl Controller<EtcdStore> {
             if t0.elapsed() > Duration::from_secs(10) {
                 backoff = Duration::from_millis(100);
             }
-            tracing::warn!(step = "presence", error = %why, ?backoff, "controller presence lost (claiming every death and sweeping every period until it is back): retrying");
+            if why.is_denied() {
+                // An older role without `controller/`: safe (this controller acts as
+                // if alone), but every death costs a claim more.
+                tracing::warn!(step = "presence", error = %why, "etcd refuses this controller's presence under controller/: run `fenced etcd-roles --apply` again (the controller role writes controller/); until then it claims every death at once and sweeps every period");
+                backoff = Duration::from_secs(60);
+            } else {
+                tracing::warn!(step = "presence", error = %why, ?backoff, "controller presence lost (claiming every death at once and sweeping every period until it is back): retrying");
+            }
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
