@@ -360,9 +360,9 @@ impl Controller<EtcdStore> {
     /// One presence session: lease, announce, list, then watch (and keep our own
     /// lease alive) until something fails; returns why.
     async fn presence_session(&self) -> StoreError {
-        let closed = |what: &str| StoreError::Malformed {
-            key: self.store.keys().controller_prefix(),
-            what: what.to_owned(),
+        let closed = |what: &str| StoreError::Unavailable {
+            op: "presence",
+            source: etcd_client::Error::WatchError(what.to_owned()),
         };
         let ttl = self.cfg.presence_ttl;
         let (lease, mut own) = match self.cfg.presence_lease {
@@ -605,7 +605,22 @@ impl<S: FenceStore> Controller<S> {
             FenceDuty::Standby { rank, after } => {
                 tokio::time::sleep(after).await;
                 self.stats.standby_checks.fetch_add(1, Ordering::Relaxed);
-                match self.store.fence_check(&victim.node).await {
+                // A check waiting on a member that stopped answering must not hold the
+                // fence up: past one step it is doubt, and doubt claims.
+                let check = tokio::time::timeout(
+                    self.cfg.standby_step,
+                    self.store.fence_check(&victim.node),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable {
+                        op: "fence_check",
+                        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                            format!("no answer within {:?}", self.cfg.standby_step),
+                        )),
+                    })
+                });
+                match check {
                     Ok(check) => {
                         if let Err(why) = standby_verdict(&check, deleted_rev) {
                             left(&format_args!("standby of rank {rank}: {why}"));

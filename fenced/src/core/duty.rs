@@ -541,7 +541,7 @@ mod tests {
         };
         // The sweeper stamps: nobody else sweeps.
         for _ in 0..10 {
-            assert_eq!(tick_all(&mut r, None), [first.clone()]);
+            assert_eq!(tick_all(&mut r, None), std::slice::from_ref(first));
         }
         // It stops stamping (alive but wedged): the second takes over after
         // STALE_TICKS ticks and sweeps every tick from then on; the third never does,
