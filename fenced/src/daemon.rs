@@ -595,6 +595,8 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     ccfg.sweep_interval = s.sweep;
     ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
     ccfg.observer = observer.clone();
+    // A controller alone keeps its own presence lease, as long-lived as a membership.
+    ccfg.presence_ttl = s.ttl;
     let _watchdog = notifier.watchdog().map(|wd| {
         AbortOnDrop(tokio::spawn(watchdog_loop(
             notifier.clone(),
@@ -627,6 +629,9 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         Err(AgentError::KeyRemovedSameBoot(e)) => return Ok(key_removed_same_boot(&e)),
         r => r.map_err(|source| DaemonError::Agent { source })?,
     };
+    // The controller's presence goes with our membership: a dead daemon is never
+    // ranked first for a death for longer than its membership outlives it.
+    ccfg.presence_lease = Some(agent.lease());
     let controller = (s.role == Role::Both).then(|| Controller::new(store, fencer, ccfg).spawn());
     // Joined, unfenced, arenas claimed: ready.
     observer.ready(format!(

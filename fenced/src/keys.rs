@@ -17,7 +17,14 @@
 //! <root>/boot/<node>                  JSON: boot id and generation of the last join
 //! <root>/namespace                    create-only, JSON identity of the shared
 //!                                     namespace (NGUID, EUI-64, subsystem NQN)
+//! <root>/controller/live/<id>         a running controller's presence, bound to its
+//!                                     lease; value = the node it runs on (may be empty)
+//! <root>/controller/sweep_done        id of the controller that last completed a full
+//!                                     sweep (its mod revision dates the sweep)
 //! ```
+//!
+//! `controller/` is read by the controllers only (one watch each): it orders who
+//! claims a death first and who sweeps (`core::Roster`), never who may.
 //!
 //! Everything read back from etcd is decoded by the functions here (`decode_*` and
 //! the key parsers), each returning a typed [`Malformed`] instead of guessing: a value
@@ -232,6 +239,15 @@ pub struct AuditKey {
     pub failed_unix_ms: Option<u64>,
 }
 
+/// A key under `controller/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControllerKey {
+    /// `controller/live/<id>`.
+    Live(String),
+    /// `controller/sweep_done`.
+    SweepDone,
+}
+
 /// The key layout under one root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
@@ -318,6 +334,42 @@ impl Keys {
         /// moved past it was fenced since: it is refused (`crate::agent::boot`).
         boot, boot_prefix, "boot"
     );
+
+    /// `controller/`: presence of the controllers and the sweep stamp (one watch).
+    pub fn controller_prefix(&self) -> String {
+        format!("{}controller/", self.root)
+    }
+    /// `controller/live/<id>`: controller `id` runs (lease-bound).
+    pub fn controller_live(&self, id: &str) -> String {
+        format!("{}controller/live/{id}", self.root)
+    }
+    /// `controller/sweep_done`: who completed the last full sweep.
+    pub fn sweep_done(&self) -> String {
+        format!("{}controller/sweep_done", self.root)
+    }
+
+    /// What a key under `controller/` is. Controller ids may contain `/` (they are
+    /// `<node>/<instance>`): everything after `live/` is the id.
+    pub fn decode_controller_key(&self, key: &[u8]) -> Result<ControllerKey, Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(&self.controller_prefix())
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        if rest == "sweep_done" {
+            return Ok(ControllerKey::SweepDone);
+        }
+        let id = rest
+            .strip_prefix("live/")
+            .ok_or(Malformed::MissingSegment {
+                what: "controller id",
+            })?;
+        if id.is_empty() {
+            return Err(Malformed::MissingSegment {
+                what: "controller id",
+            });
+        }
+        decode_id_text("controller id", id.as_bytes()).map(ControllerKey::Live)
+    }
 
     /// `arena_owner/<arena>`: owner of one arena.
     pub fn arena_owner(&self, arena: &str) -> String {
@@ -450,6 +502,32 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controller_keys_parse_back() {
+        let k = Keys::new("/fenced");
+        assert_eq!(
+            k.controller_live("n1/i-1"),
+            "/fenced/controller/live/n1/i-1"
+        );
+        assert_eq!(
+            k.decode_controller_key(k.controller_live("n1/i-1").as_bytes()),
+            Ok(ControllerKey::Live("n1/i-1".into()))
+        );
+        assert_eq!(
+            k.decode_controller_key(k.sweep_done().as_bytes()),
+            Ok(ControllerKey::SweepDone)
+        );
+        assert!(k.sweep_done().starts_with(&k.controller_prefix()));
+        for bad in [
+            "/fenced/controller/live/",
+            "/fenced/controller/other",
+            "/fenced/controller/live/a b",
+            "/fenced/membership/n1",
+        ] {
+            assert!(k.decode_controller_key(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn layout_and_parse_back() {

@@ -10,7 +10,8 @@
 //! Layout: this file holds the handle ([`EtcdStore`]), its connection and options, the
 //! transaction helpers and the round-trip counter; `error` the classification of
 //! etcd-client errors; `health` the endpoint probe and rotation; `fence` the
-//! controller's transactions (claim, finish, abort); `membership` the agent's (join,
+//! controller's transactions (claim, finish, abort); `presence` the controllers' own
+//! keys (presence, sweep stamp, a standby's check); `membership` the agent's (join,
 //! depart, leases, liveness, watch); `arenas` the arena pool; `view` the one read of
 //! the key space behind the sweep and `fenced status`; `operator` the reads of the
 //! operator commands (`fenced attest`'s view of one node); `space` etcd's history and
@@ -36,6 +37,7 @@ mod health;
 mod identity;
 mod membership;
 mod operator;
+mod presence;
 pub mod roles;
 mod rows;
 mod security;
@@ -47,6 +49,7 @@ pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, probe_endpoints};
 pub use membership::{BootRecord, Joined, RestartState};
+pub use presence::apply_controller_event;
 pub use security::{EtcdSecurity, SecurityError};
 pub use space::{
     Alarm, HISTORY_WARNING_REVISIONS, SpaceFinding, SpaceLevel, SpaceReport, judge_space,
@@ -68,14 +71,17 @@ tokio::task_local! {
 /// Runs `f` and returns its output with the etcd round trips `f` itself made through
 /// any store. Unlike differences of [`EtcdStore::round_trips`], work that other tasks
 /// do on a shared store meanwhile (the sweep, the spare-lease refill) is not counted,
-/// so the number is exact however busy the controller is.
+/// so the number is exact however busy the controller is. Counts nest: an enclosing
+/// `count_round_trips` counts these round trips too.
 pub async fn count_round_trips<F: std::future::Future>(f: F) -> (F::Output, u64) {
-    TASK_ROUND_TRIPS
+    let (out, n) = TASK_ROUND_TRIPS
         .scope(std::cell::Cell::new(0), async {
             let out = f.await;
             (out, TASK_ROUND_TRIPS.with(std::cell::Cell::get))
         })
-        .await
+        .await;
+    let _ = TASK_ROUND_TRIPS.try_with(|c| c.set(c.get() + n));
+    (out, n)
 }
 
 /// The etcd store: a client, the key layout, a round-trip counter and the spare claim

@@ -16,7 +16,8 @@
 //!   never writes one.
 //! - `fenced-controller`: the fence path for every node: `fence_pending/`,
 //!   `fence_claim/`, `gen/`, `fence_done/`, `audit/`, and the fenced node's arenas
-//!   (`arena_owner/`, `arena_node/`, `arena_free/`).
+//!   (`arena_owner/`, `arena_node/`, `arena_free/`); and `controller/` (its presence,
+//!   the sweep stamp: who claims first and who sweeps).
 //! - `fenced-operator`: `fenced attest` runs the same fence path, so the same writes
 //!   as the controller, plus `approval/` (two-person fences, `fenced approve`) and `boot/`
 //!   (`fenced unfence`); a separate role so people and daemons are granted apart.
@@ -121,10 +122,13 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
         write_prefix(keys.arena_node_all_prefix()),
         write_prefix(keys.arena_free_prefix()),
     ];
+    let mut controller = fence_path.clone();
+    // Presence and the sweep stamp (`core::Roster`).
+    controller.push(write_prefix(keys.controller_prefix()));
     roles.push(EtcdRole {
         name: CONTROLLER_ROLE.to_owned(),
         node: None,
-        grants: fence_path.clone(),
+        grants: controller,
     });
     let mut operator = fence_path;
     // Two-person attested fences (`--approvals 2`).
@@ -240,5 +244,8 @@ mod tests {
         }
         let ctl = &roles[2];
         assert!(covers(ctl, &keys.generation(&b)) && !covers(ctl, &keys.membership(&b)));
+        assert!(covers(ctl, &keys.controller_live("b/i-1")) && covers(ctl, &keys.sweep_done()));
+        assert!(!covers(node_a, &keys.controller_live("a/i-1")));
+        assert!(!covers(&roles[3], &keys.sweep_done()));
     }
 }

@@ -472,6 +472,8 @@ impl Fleet {
         let mut cfg = ControllerConfig::new(n);
         cfg.sweep_interval = Duration::from_millis(500);
         cfg.own_node = Some(node(n));
+        // As `fenced run` does: the controller's presence goes with the membership.
+        cfg.presence_lease = Some(agent.lease);
         let controller = Controller::new(self.store().await, fencer, cfg);
         let ctl_task = controller.spawn();
         Daemon {
