@@ -11,6 +11,7 @@
 //! runs the full sweep each period and stamps it; the next in order takes over when
 //! the stamps stop. The claim transaction still decides who fences.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -125,6 +126,11 @@ pub struct Controller<S: FenceStore = EtcdStore> {
     sweep_now: Notify,
     /// The live controllers, as the presence watch shows them.
     roster: std::sync::Mutex<Roster>,
+    /// Fences only an operator can complete ([`FenceCause::needs_operator`]): node ->
+    /// the instance id it was attempted with. The sweep leaves these owed without
+    /// trying again until the node's record changes, it is no longer owed, or the
+    /// daemon restarts (one attempt, one audit record, one error line each).
+    needs_operator: std::sync::Mutex<BTreeMap<NodeId, String>>,
 }
 
 /// A transaction whose answer a fail point lost: it committed, the caller sees a
@@ -216,6 +222,7 @@ impl<S: FenceStore> Controller<S> {
             stats: ControllerStats::default(),
             sweep_now: Notify::new(),
             roster: std::sync::Mutex::new(Roster::default()),
+            needs_operator: std::sync::Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -657,8 +664,16 @@ impl<S: FenceStore> Controller<S> {
             }
         }
         let mut set = JoinSet::new();
+        self.lock_needs_operator()
+            .retain(|node, _| plan.fence.iter().any(|o| o.victim.node == *node));
         for owed in plan.fence {
             if self.cfg.own_node.as_ref() == Some(&owed.victim.node) {
+                continue;
+            }
+            let instance = checked_instance(owed.victim.clone()).instance;
+            if self.lock_needs_operator().get(&owed.victim.node) == Some(&instance) {
+                tracing::debug!(step = "sweep", node = %owed.victim.node, "fence owed, waiting for an operator (not retried)");
+                report.not_completed += 1;
                 continue;
             }
             let this = self.clone();
@@ -684,6 +699,12 @@ impl<S: FenceStore> Controller<S> {
         }
         self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
         Ok(report)
+    }
+
+    fn lock_needs_operator(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, String>> {
+        self.needs_operator
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn claim_with_retry(
@@ -734,6 +755,11 @@ impl<S: FenceStore> Controller<S> {
             return Err(failed(FenceStep::Sever, failure));
         }
         let r = fencer.fence(victim).await.map_err(|e| {
+            if e.cause.needs_operator() {
+                tracing::error!(step = "sever", node = %victim.node, error = %e.cause, "this fence needs an operator: it stays owed and this controller does not retry it until the node's record changes (see the error for what to do; `fenced check` turns CRITICAL while it is owed)");
+                self.lock_needs_operator()
+                    .insert(victim.node.clone(), victim.instance.clone());
+            }
             failed(
                 e.step,
                 FenceFailure::Fencer {
