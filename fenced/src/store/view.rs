@@ -1063,6 +1063,7 @@ mod tests {
                 ttl_ms: 2000,
                 margin_ms: 4000,
                 unix_ms: 1700,
+                refresh_ms: 30_000,
             };
             ops.push(TxnOp::put(k.liveness(&node(0)), stamp.encode(), None));
             ops.push(TxnOp::put(
