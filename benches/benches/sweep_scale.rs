@@ -16,7 +16,8 @@
 //!
 //! Quick (default): N = 1 000, 1 repetition. Full (`FENCED_BENCH_FULL=1 cargo bench -p
 //! benches --bench sweep_scale`): N = 1 000, 10 000 and 100 000, 7 snapshot reads and
-//! 5 sweeps.
+//! 5 sweeps. `FENCED_BENCH_READ_PAGE_BYTES` sets the stores' `read_page_bytes`
+//! (default: `StoreOptions`'s, 1 MiB).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ use fenced::controller::{Controller, ControllerConfig};
 use fenced::core::SweepSnapshot;
 use fenced::fencer::NoneFencer;
 use fenced::keys::Keys;
-use fenced::store::EtcdStore;
+use fenced::store::{EtcdStore, StoreOptions};
 
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
@@ -82,10 +83,20 @@ async fn put_all(client: &mut Client, ops: Vec<TxnOp>) {
 /// limit (18.7 MB at 100 000 nodes).
 const BARE_ANSWER_LIMIT: usize = 256 << 20;
 
+/// The stores' options: the defaults, with `FENCED_BENCH_READ_PAGE_BYTES` if set.
+fn store_options() -> StoreOptions {
+    let mut opts = StoreOptions::default();
+    if let Ok(v) = std::env::var("FENCED_BENCH_READ_PAGE_BYTES") {
+        opts.read_page_bytes = v.parse().expect("FENCED_BENCH_READ_PAGE_BYTES: bytes");
+    }
+    opts
+}
+
 async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     let root = format!("/bench-sweep-{n}");
     let ep = vec![etcd.endpoint()];
-    let store = EtcdStore::connect(&ep, &root, Duration::from_secs(30))
+    let opts = store_options();
+    let store = EtcdStore::connect_with(&ep, &root, Duration::from_secs(30), &opts)
         .await
         .expect("connect");
     let keys: Keys = store.keys().clone();
@@ -164,7 +175,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
 
     // Whole sweeps that each fence the owed 1%: reset the owed nodes' fence marks
     // between sweeps so each sweep has the same work.
-    let ctrl_store = EtcdStore::connect(&ep, &root, Duration::from_secs(30))
+    let ctrl_store = EtcdStore::connect_with(&ep, &root, Duration::from_secs(30), &opts)
         .await
         .expect("connect");
     let mut cfg = ControllerConfig::new("sweeper");
@@ -236,7 +247,8 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         "sweep_scale[{n}]: steady-state sweep (nothing owed) {idle}; etcd requests {idle_rts} (max)"
     );
     println!(
-        "BENCH sweep_scale n={n} read_p50_ms={:.3} raw_txn_p50_ms={:.3} copy_p50_ms={:.3} decode_p50_ms={:.3} read_requests={} bytes={bytes} answer_bytes={answer_bytes} sweep_p50_ms={:.3} sweep_requests={} idle_p50_ms={:.3} idle_requests={idle_rts}",
+        "BENCH sweep_scale n={n} page_bytes={} read_p50_ms={:.3} raw_txn_p50_ms={:.3} copy_p50_ms={:.3} decode_p50_ms={:.3} read_requests={} bytes={bytes} answer_bytes={answer_bytes} sweep_p50_ms={:.3} sweep_requests={} idle_p50_ms={:.3} idle_requests={idle_rts}",
+        opts.read_page_bytes,
         read.p50.as_secs_f64() * 1e3,
         raw.p50.as_secs_f64() * 1e3,
         copy.p50.as_secs_f64() * 1e3,
