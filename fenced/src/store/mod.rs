@@ -101,6 +101,9 @@ pub struct EtcdStore {
     /// Malformed records the sweep has logged (escaped key -> mod revision), so each
     /// is logged once ([`view`]).
     malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
+    /// The paged read of the key space ([`view`]): its own KV client (answers up to
+    /// [`StoreOptions::read_max_response_bytes`]) and page size.
+    reader: view::Reader,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -200,12 +203,23 @@ pub struct StoreOptions {
     /// TLS files and credentials of every connection (the store's and the health
     /// probe's).
     pub security: EtcdSecurity,
+    /// The sweep's and `fenced status`'s read of the key space comes in pages of about
+    /// this many bytes (as decoded), every page at the first page's revision, so the
+    /// read stays one point-in-time view however large the cluster is. A key space
+    /// under this size is one page, one round trip (about 10,000 records of a few
+    /// dozen bytes).
+    pub read_page_bytes: usize,
+    /// The largest answer the paged read accepts (etcd-client's limit for every other
+    /// request: 4 MiB). A page that comes back larger (records much larger than
+    /// their kind usually is) is read again in smaller pages.
+    pub read_max_response_bytes: usize,
 }
 
 impl Default for StoreOptions {
     /// Connect 2 s, requests 5 s (a fence transaction's first attempt 2 s), PING
     /// after 2 s of silence, dropped after 2 s more; health probes 1 s (etcd's own
-    /// `/health` gives its quorum read 1 s).
+    /// `/health` gives its quorum read 1 s); read pages of 1 MiB, a quarter of the
+    /// 4 MiB answers are limited to.
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
@@ -215,6 +229,8 @@ impl Default for StoreOptions {
             first_attempt_timeout: Duration::from_secs(2),
             health_timeout: Duration::from_secs(1),
             security: EtcdSecurity::default(),
+            read_page_bytes: 1 << 20,
+            read_max_response_bytes: 4 << 20,
         }
     }
 }
@@ -277,6 +293,7 @@ impl EtcdStore {
                 .await,
             )),
         };
+        let reader = view::Reader::new(&client, opts);
         let store = Self {
             client,
             keys,
@@ -287,6 +304,7 @@ impl EtcdStore {
             removals,
             rotation,
             malformed_seen: Arc::default(),
+            reader,
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
