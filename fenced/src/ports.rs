@@ -20,8 +20,9 @@ use crate::store::{Abort, BootRecord, ClaimGuard, EtcdStore, Finish, StoreError}
 
 /// The store operations of the fence path (`claim` → Fencer → `finish` or `abort`), of
 /// the sweep (`sweep_snapshot`, `drop_stale`, `stamp_sweep`) and of a standby
-/// (`fence_check`). Every method is one etcd transaction
-/// in [`EtcdStore`] (retried inside when its answer is lost).
+/// (`fence_check`). Every method is one etcd transaction in [`EtcdStore`] (retried
+/// inside when its answer is lost), except `sweep_snapshot` past ~1,300 nodes: pages
+/// read at one revision.
 pub trait FenceStore: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// TTL of the (never renewed) lease a claim is bound to.
     fn claim_ttl(&self) -> Duration;
