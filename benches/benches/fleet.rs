@@ -269,12 +269,17 @@ struct Snap {
     at: Instant,
     members: Vec<Metrics>,
     store_rts: u64,
+    sweeps: u64,
     own_cpu: f64,
 }
 
 async fn snap(etcd: &EtcdCluster, daemons: &[SimDaemon]) -> Snap {
     let at = Instant::now();
     let store_rts = daemons.iter().map(|d| d.store.round_trips()).sum();
+    let sweeps = daemons
+        .iter()
+        .map(|d| d.controller.stats().sweeps.load(Ordering::Relaxed))
+        .sum();
     let own_cpu = own_cpu_secs();
     let mut members = Vec::new();
     for i in 0..etcd.len() {
@@ -284,6 +289,7 @@ async fn snap(etcd: &EtcdCluster, daemons: &[SimDaemon]) -> Snap {
         at,
         members,
         store_rts,
+        sweeps,
         own_cpu,
     }
 }
@@ -306,6 +312,7 @@ struct Window {
     recv_bytes: f64,
     etcd_cpu: f64,
     store_rts: f64,
+    sweeps: f64,
     own_cpu: f64,
 }
 
@@ -355,6 +362,7 @@ fn window(a: &Snap, b: &Snap) -> Window {
         recv_bytes: sum_all("etcd_network_client_grpc_received_bytes_total", &[]),
         etcd_cpu: sum_all("process_cpu_seconds_total", &[]),
         store_rts: (b.store_rts as f64) - (a.store_rts as f64),
+        sweeps: (b.sweeps as f64) - (a.sweeps as f64),
         own_cpu: b.own_cpu - a.own_cpu,
     }
 }
@@ -366,49 +374,70 @@ struct Seen {
     expired: HashMap<String, Instant>,
     /// Every write of a generation other than the join's 0, per node.
     bumps: HashMap<String, Vec<(Instant, String)>>,
+    /// Times a watch stream ended and was opened again.
+    watch_restarts: u64,
 }
 
 /// Watches the membership and generation prefixes (two small streams: liveness
-/// writes are not delivered to the bench).
+/// writes are not delivered to the bench) on a client of its own without HTTP/2
+/// keepalive (a loaded machine answers PINGs late), resuming from the next revision
+/// when a stream ends. Events replayed after a restart carry a late time stamp, so
+/// restarts are counted and printed.
 async fn observe(
     endpoints: &[String],
     seen: Arc<Mutex<Seen>>,
 ) -> Result<Vec<JoinHandle<()>>, String> {
-    let store = EtcdStore::connect(endpoints, ROOT, Duration::from_secs(120))
+    let keys = fenced::keys::Keys::new(ROOT);
+    let mut client = etcd_client::Client::connect(endpoints, None)
         .await
         .map_err(|e| format!("observer connect: {e}"))?;
-    let keys = store.keys().clone();
+    let rev = client
+        .get(ROOT, Some(etcd_client::GetOptions::new().with_count_only()))
+        .await
+        .map_err(|e| format!("observer read: {e}"))?
+        .header()
+        .map_or(0, |h| h.revision());
     let mut tasks = Vec::new();
     for (prefix, is_gen) in [
         (keys.membership_prefix(), false),
         (keys.generation_prefix(), true),
     ] {
-        let mut client = store.client();
-        let mut stream = client
-            .watch(prefix.clone(), Some(WatchOptions::new().with_prefix()))
-            .await
-            .map_err(|e| format!("watch {prefix}: {e}"))?;
         let seen = seen.clone();
+        let client = client.clone();
         tasks.push(tokio::spawn(async move {
-            while let Ok(Some(msg)) = stream.message().await {
-                let now = Instant::now();
-                let mut s = seen.lock().expect("seen lock");
-                for ev in msg.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    let key = String::from_utf8_lossy(kv.key());
-                    let node = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
-                    match (is_gen, ev.event_type()) {
-                        (false, EventType::Delete) => {
-                            s.expired.entry(node).or_insert(now);
+            let mut next = rev + 1;
+            loop {
+                let opts = WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(next);
+                let Ok(mut stream) = client.clone().watch(prefix.clone(), Some(opts)).await else {
+                    seen.lock().expect("seen lock").watch_restarts += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                while let Ok(Some(msg)) = stream.message().await {
+                    let now = Instant::now();
+                    let mut s = seen.lock().expect("seen lock");
+                    for ev in msg.events() {
+                        let Some(kv) = ev.kv() else { continue };
+                        next = next.max(kv.mod_revision() + 1);
+                        let key = String::from_utf8_lossy(kv.key());
+                        let node = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
+                        match (is_gen, ev.event_type()) {
+                            (false, EventType::Delete) => {
+                                s.expired.entry(node).or_insert(now);
+                            }
+                            // A join writes generation 0; every later write is a bump.
+                            (true, EventType::Put) if kv.value() != b"0" => {
+                                let v = String::from_utf8_lossy(kv.value()).into_owned();
+                                s.bumps.entry(node).or_default().push((now, v));
+                            }
+                            _ => {}
                         }
-                        // A join writes generation 0; every later write is a bump.
-                        (true, EventType::Put) if kv.value() != b"0" => {
-                            let v = String::from_utf8_lossy(kv.value()).into_owned();
-                            s.bumps.entry(node).or_default().push((now, v));
-                        }
-                        _ => {}
                     }
                 }
+                seen.lock().expect("seen lock").watch_restarts += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }));
     }
@@ -459,12 +488,13 @@ fn report_idle(n: usize, w: &Window, etcd_fds: usize, rss: f64) -> String {
         per_s(w.recv_bytes, w) / nf,
     );
     println!(
-        "fleet: n={n}: etcd CPU (3 members) {:.3} cores = {:.3} cores per 100 nodes; daemons' process {:.3} cores, RSS {rss:.0} MiB; etcd open fds {etcd_fds} ({:.1} per node); store round trips {:.3}/s per node",
+        "fleet: n={n}: etcd CPU (3 members) {:.3} cores = {:.3} cores per 100 nodes; daemons' process {:.3} cores, RSS {rss:.0} MiB; etcd open fds {etcd_fds} ({:.1} per node); store round trips {:.3}/s per node; sweeps {:.2}/s",
         per_s(w.etcd_cpu, w),
         per_s(w.etcd_cpu, w) * 100.0 / nf,
         per_s(w.own_cpu, w),
         etcd_fds as f64 / nf,
         per_s(w.store_rts, w) / nf,
+        per_s(w.sweeps, w),
     );
     format!(
         "idle_s={:.1} req_per_node_s={:.3} puts_per_node_s={:.4} proposals_per_node_s={:.4} revisions_s={:.2} sent_B_s={:.0} recv_B_s={:.0} etcd_cpu_per_100={:.4} keepalive_msgs_s={:.1} store_rt_per_node_s={:.3} bench_cpu={:.3}",
@@ -501,15 +531,31 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
     // Join the fleet, a bounded number at a time.
     let t_join = Instant::now();
     let mut daemons: Vec<SimDaemon> = Vec::with_capacity(n);
+    let mut start_retries = 0u64;
     let names: Vec<String> = (0..n).map(|i| format!("node-{i:05}")).collect();
     for chunk in names.chunks(p.join_parallelism) {
         let mut set = tokio::task::JoinSet::new();
         for name in chunk {
             let (eps, name, p) = (endpoints.clone(), name.clone(), p.clone());
-            set.spawn(async move { SimDaemon::start(&eps, &name, &p).await });
+            // `fenced run` retries reaching etcd with backoff; a loaded machine can
+            // miss a start's HTTP/2 PING. A start that failed left no lease behind
+            // that matters (it expires), and a new one joins afresh.
+            set.spawn(async move {
+                let mut tries = 0;
+                loop {
+                    tries += 1;
+                    match SimDaemon::start(&eps, &name, &p).await {
+                        Ok(d) => return Ok((d, tries - 1)),
+                        Err(e) if tries >= 5 => return Err(e),
+                        Err(_) => tokio::time::sleep(Duration::from_millis(500 * tries)).await,
+                    }
+                }
+            });
         }
         while let Some(r) = set.join_next().await {
-            daemons.push(r.expect("join task").unwrap_or_else(|e| panic!("{e}")));
+            let (d, retried) = r.expect("join task").unwrap_or_else(|e| panic!("{e}"));
+            start_retries += retried;
+            daemons.push(d);
         }
     }
     // Every controller watches and has swept once.
@@ -525,7 +571,7 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     println!(
-        "fleet: n={n}: {} daemons joined in {:.1} s (load {})",
+        "fleet: n={n}: {} daemons joined in {:.1} s ({start_retries} starts retried; load {})",
         daemons.len(),
         t_join.elapsed().as_secs_f64(),
         load_average()
@@ -540,6 +586,8 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
     let idle = window(&a, &b);
     let etcd_fds: usize = (0..etcd.len()).map(|i| open_fds(etcd.pid(i))).sum();
     let idle_line = report_idle(n, &idle, etcd_fds, own_rss_mib());
+    let ended_idle = daemons.iter().filter(|d| d.agent_task.is_finished()).count();
+    println!("fleet: n={n}: agents ended (self-fenced) by the end of the idle window: {ended_idle}");
 
     // Deaths, all at once, spread over the fleet.
     let deaths = p.deaths.min(n.saturating_sub(1));
@@ -556,10 +604,11 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         }
     }
     let outcomes_before: u64 = survivors.iter().map(SimDaemon::outcomes).sum();
-    let fenced_before: u64 = survivors
+    let fenced_each: Vec<u64> = survivors
         .iter()
         .map(|d| d.controller.stats().fenced.load(Ordering::Relaxed))
-        .sum();
+        .collect();
+    let fenced_before: u64 = fenced_each.iter().sum();
     // The window opens just before the first lease can expire (last keepalive at most
     // TTL/3 before the kill) and closes once every survivor has acted on every death.
     tokio::time::sleep((p.ttl * 2 / 3).saturating_sub(Duration::from_millis(300))).await;
@@ -592,6 +641,19 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         .map(|d| d.controller.stats().fenced.load(Ordering::Relaxed))
         .sum::<u64>()
         - fenced_before;
+    // The winners' own claim and finish round trips (their last fence's; a controller
+    // that won several deaths counts its last one for each).
+    let winner_rts: Vec<u64> = survivors
+        .iter()
+        .zip(&fenced_each)
+        .filter_map(|(d, &before)| {
+            let s = d.controller.stats();
+            let won = s.fenced.load(Ordering::Relaxed).saturating_sub(before);
+            (won > 0).then(|| vec![s.last_fence_round_trips.load(Ordering::Relaxed); won as usize])
+        })
+        .flatten()
+        .collect();
+    let winner_rt = winner_rts.iter().sum::<u64>() as f64 / winner_rts.len().max(1) as f64;
     // A moment for a late duplicate bump to show up before judging.
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -620,10 +682,21 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
             }
         }
     }
-    for d in &survivors {
+    let mut exits: BTreeMap<String, usize> = BTreeMap::new();
+    for d in &mut survivors {
         if d.agent_task.is_finished() {
-            spurious.push(format!("{} agent ended (self-fenced?)", d.node));
+            let why = match (&mut d.agent_task).await {
+                Ok(AgentExit::SelfFenced { reason }) => format!("self-fenced: {reason}"),
+                Ok(other) => format!("{other:?}"),
+                Err(e) => format!("agent task: {e}"),
+            };
+            spurious.push(format!("{} agent ended: {why}", d.node));
+            // The reason without the node's own name, to group them.
+            *exits.entry(why.replace(d.node.as_str(), "<node>")).or_insert(0) += 1;
         }
+    }
+    for (why, count) in &exits {
+        println!("fleet: n={n}: {count} agents ended: {why}");
     }
     if fenced_by_survivors != deaths as u64 {
         bad_deaths.push(format!(
@@ -660,7 +733,12 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         println!("fleet: n={n}: kill -> generation bump seen: {s}");
     }
     println!(
-        "fleet: n={n}: per death beyond the idle rate: store round trips {extra_store:.1} (all survivors), etcd unary requests {extra_unary:.1}, of which Txn {extra_txn:.1}; revisions {extra_rev:.1}"
+        "fleet: n={n}: per death beyond the idle rate: store round trips {extra_store:.1} (all survivors; the winner's claim + finish {winner_rt:.1}, so {:.1} beyond the winner's), etcd unary requests {extra_unary:.1}, of which Txn {extra_txn:.1}; revisions {extra_rev:.1}",
+        extra_store - winner_rt
+    );
+    println!(
+        "fleet: n={n}: bench watch restarts: {}",
+        seen.lock().expect("seen lock").watch_restarts
     );
     println!(
         "fleet: n={n}: deaths not fenced exactly once: {}; live daemons fenced or ended: {}",
@@ -671,7 +749,7 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         println!("fleet: n={n}:   {b}");
     }
     println!(
-        "BENCH fleet n={n} ttl_s={} sweep_s={} {idle_line} deaths={deaths} expiry_to_bump_p50_ms={:.1} expiry_to_bump_p99_ms={:.1} kill_to_bump_p50_ms={:.0} kill_to_bump_p99_ms={:.0} store_rt_per_death={extra_store:.1} etcd_req_per_death={extra_unary:.1} txn_per_death={extra_txn:.1} controllers_per_death={:.1} bad_deaths={} spurious={} load={}",
+        "BENCH fleet n={n} ttl_s={} sweep_s={} {idle_line} deaths={deaths} expiry_to_bump_p50_ms={:.1} expiry_to_bump_p99_ms={:.1} kill_to_bump_p50_ms={:.0} kill_to_bump_p99_ms={:.0} store_rt_per_death={extra_store:.1} winner_rt={winner_rt:.1} etcd_req_per_death={extra_unary:.1} txn_per_death={extra_txn:.1} controllers_per_death={:.1} bad_deaths={} spurious={} load={}",
         p.ttl.as_secs(),
         p.sweep.as_secs(),
         ms(&e2b, |s| s.p50),
