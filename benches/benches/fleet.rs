@@ -54,6 +54,7 @@ struct Params {
     claim_ttl: Duration,
     /// Daemons started at once while the fleet joins.
     join_parallelism: usize,
+    max_rss_mib: f64,
     full: bool,
 }
 
@@ -87,7 +88,9 @@ impl Params {
             // claim TTL 120 s.
             sweep: secs("FENCED_FLEET_SWEEP_SECS", 30, 30),
             claim_ttl: secs("FENCED_FLEET_CLAIM_TTL_SECS", 120, 120),
-            join_parallelism: 32,
+            join_parallelism: env_u64("FENCED_FLEET_JOIN_PARALLELISM")
+                .map_or(32, |v| usize::try_from(v).unwrap_or(32).max(1)),
+            max_rss_mib: env_u64("FENCED_FLEET_MAX_RSS_MIB").map_or(6000.0, |v| v as f64),
             full,
         }
     }
@@ -556,6 +559,16 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
             let (d, retried) = r.expect("join task").unwrap_or_else(|e| panic!("{e}"));
             start_retries += retried;
             daemons.push(d);
+            if daemons.len() % 100 == 0 {
+                let rss = own_rss_mib();
+                println!(
+                    "fleet: n={n}: {} joined after {:.1} s, RSS {rss:.0} MiB, load {}",
+                    daemons.len(),
+                    t_join.elapsed().as_secs_f64(),
+                    load_average()
+                );
+                check_rss(p);
+            }
         }
     }
     // Every controller watches and has swept once.
@@ -581,7 +594,12 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
 
     // Idle window.
     let a = snap(&etcd, &daemons).await;
-    tokio::time::sleep(p.idle).await;
+    let idle_end = tokio::time::Instant::now() + p.idle;
+    while tokio::time::Instant::now() < idle_end {
+        tokio::time::sleep_until(idle_end.min(tokio::time::Instant::now() + Duration::from_secs(5)))
+            .await;
+        check_rss(p);
+    }
     let b = snap(&etcd, &daemons).await;
     let idle = window(&a, &b);
     let etcd_fds: usize = (0..etcd.len()).map(|i| open_fds(etcd.pid(i))).sum();
@@ -775,6 +793,17 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         bad_deaths,
         spurious,
     }
+}
+
+/// Stops the run (the etcd members are killed on the way out) when this process
+/// grew past `FENCED_FLEET_MAX_RSS_MIB` (default 6000): the machine is shared.
+fn check_rss(p: &Params) {
+    let rss = own_rss_mib();
+    assert!(
+        rss < p.max_rss_mib,
+        "fleet: RSS {rss:.0} MiB exceeds FENCED_FLEET_MAX_RSS_MIB={:.0}: stopping",
+        p.max_rss_mib
+    );
 }
 
 /// Raises the soft limit of open files to the hard one: every daemon holds a
