@@ -555,7 +555,15 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
                 }
             });
         }
-        while let Some(r) = set.join_next().await {
+        loop {
+            let r = tokio::select! {
+                r = set.join_next() => r,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {
+                    check_rss(p);
+                    continue;
+                }
+            };
+            let Some(r) = r else { break };
             let (d, retried) = r.expect("join task").unwrap_or_else(|e| panic!("{e}"));
             start_retries += retried;
             daemons.push(d);
