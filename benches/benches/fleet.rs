@@ -717,8 +717,13 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
                 Err(e) => format!("agent task: {e}"),
             };
             spurious.push(format!("{} agent ended: {why}", d.node));
-            // The reason without the node's own name, to group them.
-            *exits.entry(why.replace(d.node.as_str(), "<node>")).or_insert(0) += 1;
+            // The reason without the node's name and numbers, to group them.
+            let kind: String = why
+                .replace(d.node.as_str(), "<node>")
+                .chars()
+                .map(|c| if c.is_ascii_digit() { '#' } else { c })
+                .collect();
+            *exits.entry(kind).or_insert(0) += 1;
         }
     }
     for (why, count) in &exits {
