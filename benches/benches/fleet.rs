@@ -338,7 +338,8 @@ fn window(a: &Snap, b: &Snap) -> Window {
     for (x, y) in a.members.iter().zip(&b.members) {
         let before = x.unary_by_method();
         for (m, v) in y.unary_by_method() {
-            *by_method.entry(m.clone()).or_insert(0.0) += v - before.get(&m).copied().unwrap_or(0.0);
+            *by_method.entry(m.clone()).or_insert(0.0) +=
+                v - before.get(&m).copied().unwrap_or(0.0);
         }
     }
     by_method.retain(|_, v| *v > 0.0);
@@ -410,9 +411,7 @@ async fn observe(
         tasks.push(tokio::spawn(async move {
             let mut next = rev + 1;
             loop {
-                let opts = WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(next);
+                let opts = WatchOptions::new().with_prefix().with_start_revision(next);
                 let Ok(mut stream) = client.clone().watch(prefix.clone(), Some(opts)).await else {
                     seen.lock().expect("seen lock").watch_restarts += 1;
                     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -604,16 +603,23 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
     let a = snap(&etcd, &daemons).await;
     let idle_end = tokio::time::Instant::now() + p.idle;
     while tokio::time::Instant::now() < idle_end {
-        tokio::time::sleep_until(idle_end.min(tokio::time::Instant::now() + Duration::from_secs(5)))
-            .await;
+        tokio::time::sleep_until(
+            idle_end.min(tokio::time::Instant::now() + Duration::from_secs(5)),
+        )
+        .await;
         check_rss(p);
     }
     let b = snap(&etcd, &daemons).await;
     let idle = window(&a, &b);
     let etcd_fds: usize = (0..etcd.len()).map(|i| open_fds(etcd.pid(i))).sum();
     let idle_line = report_idle(n, &idle, etcd_fds, own_rss_mib());
-    let ended_idle = daemons.iter().filter(|d| d.agent_task.is_finished()).count();
-    println!("fleet: n={n}: agents ended (self-fenced) by the end of the idle window: {ended_idle}");
+    let ended_idle = daemons
+        .iter()
+        .filter(|d| d.agent_task.is_finished())
+        .count();
+    println!(
+        "fleet: n={n}: agents ended (self-fenced) by the end of the idle window: {ended_idle}"
+    );
 
     // Deaths, all at once, spread over the fleet.
     let deaths = p.deaths.min(n.saturating_sub(1));
@@ -758,7 +764,9 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         survivors.len()
     );
     if let Some(s) = &e2b {
-        println!("fleet: n={n}: lease expiry (membership DELETE seen) -> generation bump seen: {s}");
+        println!(
+            "fleet: n={n}: lease expiry (membership DELETE seen) -> generation bump seen: {s}"
+        );
     }
     if let Some(s) = &k2b {
         println!("fleet: n={n}: kill -> generation bump seen: {s}");

@@ -278,4 +278,3 @@ impl Drop for EtcdCluster {
         }
     }
 }
-
