@@ -128,6 +128,9 @@ impl SimDaemon {
         let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
         ccfg.sweep_interval = p.sweep;
         ccfg.own_node = Some(node.clone());
+        // As `fenced run` does: the controller's presence goes with the membership.
+        ccfg.presence_ttl = p.ttl;
+        ccfg.presence_lease = Some(agent.lease());
         let controller = Controller::new(store.clone(), Arc::new(NoneFencer), ccfg);
         let ctl_task = controller.spawn();
         let (tx, rx) = oneshot::channel::<()>();
