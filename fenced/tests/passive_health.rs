@@ -150,11 +150,11 @@ impl Drop for Stopped {
     }
 }
 
-/// Reads every 50 ms through `store`, each in its own task: (sent, answered after).
-fn spawn_reads(
-    store: EtcdStore,
-    until: Instant,
-) -> tokio::task::JoinHandle<Vec<(Instant, Arc<Mutex<Option<Duration>>>)>> {
+/// A read: when it was sent, and how long it took once answered.
+type Read = (Instant, Arc<Mutex<Option<Duration>>>);
+
+/// Reads every 50 ms through `store`, each in its own task.
+fn spawn_reads(store: EtcdStore, until: Instant) -> tokio::task::JoinHandle<Vec<Read>> {
     tokio::spawn(async move {
         let mut out = Vec::new();
         while Instant::now() < until {
@@ -241,23 +241,57 @@ async fn a_hung_member_leaves_rotation_soon_after_the_first_slow_request() {
     );
 }
 
-/// `(requests answered, stream messages received)` per second and new TCP
-/// connections per second (`None` outside a private network namespace) that one idle
-/// `fenced run` (defaults: TTL 5 s, sweep 30 s) with three endpoints costs a 3-member
-/// etcd, over `window` after a settling time.
+/// What etcd saw over `window`: requests answered by method, stream messages
+/// received, and new TCP connections (`None` outside a private network namespace)
+/// less the measurement's own (one per member and scrape).
+async fn etcd_load(
+    etcd: &EtcdCluster,
+    window: Duration,
+) -> (BTreeMap<String, f64>, f64, Option<u64>) {
+    let opens0 = passive_opens();
+    let before = handled(etcd).await;
+    let msgs0 = stream_msgs(etcd).await;
+    tokio::time::sleep(window).await;
+    let after = handled(etcd).await;
+    let msgs1 = stream_msgs(etcd).await;
+    let opens1 = passive_opens();
+    let scrapes = 4 * etcd.len() as u64;
+    (
+        delta(&before, &after),
+        msgs1 - msgs0,
+        opens0
+            .zip(opens1)
+            .map(|(a, b)| (b - a).saturating_sub(scrapes)),
+    )
+}
+
+fn per_second(load: &(BTreeMap<String, f64>, f64, Option<u64>), window: Duration) -> String {
+    let s = window.as_secs_f64();
+    let (d, msgs, opens) = load;
+    let unary: f64 = d.values().sum();
+    format!(
+        "{:.2} requests/s ({}), {:.2} messages received/s (unary requests and stream messages), {} new connections/s",
+        unary / s,
+        d.iter()
+            .map(|(k, v)| format!("{k} {:.2}/s", v / s))
+            .collect::<Vec<_>>()
+            .join(", "),
+        msgs / s,
+        opens.map_or_else(
+            || "n/a (run under unshare -rn)".to_owned(),
+            |n| format!("{:.2}", n as f64 / s)
+        ),
+    )
+}
+
+/// What one idle `fenced run` (defaults: TTL 5 s, sweep 30 s) with three endpoints
+/// costs a 3-member etcd over `window`, after 10 s to settle.
 async fn idle_cost(bin: &str, etcd: &EtcdCluster, node: &str, window: Duration) -> String {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("fenced.log");
     let mut child = std::process::Command::new(bin)
-        .args([
-            "run",
-            "--fencer",
-            "none",
-            "--node-id",
-            node,
-            "--root",
-            &format!("/cost-{node}"),
-        ])
+        .args(["run", "--fencer", "none", "--node-id", node])
+        .args(["--root", &format!("/cost-{node}")])
         .args(["--etcd-endpoints", &etcd.endpoints().join(",")])
         .args(["--instance-id", &format!("i-{node}")])
         .env("FENCED_LOG", "info")
@@ -267,32 +301,10 @@ async fn idle_cost(bin: &str, etcd: &EtcdCluster, node: &str, window: Duration) 
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {bin}: {e}"));
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let opens0 = passive_opens();
-    let before = handled(etcd).await;
-    let msgs0 = stream_msgs(etcd).await;
-    tokio::time::sleep(window).await;
-    let after = handled(etcd).await;
-    let msgs1 = stream_msgs(etcd).await;
-    let opens1 = passive_opens();
+    let load = etcd_load(etcd, window).await;
     let _ = child.kill();
     let _ = child.wait();
-    let d = delta(&before, &after);
-    let s = window.as_secs_f64();
-    let unary: f64 = d.values().sum();
-    // Each scrape of the three members' /metrics is one connection.
-    let conns = opens0
-        .zip(opens1)
-        .map(|(a, b)| format!("{:.2}", (b - a - 3) as f64 / s))
-        .unwrap_or_else(|| "n/a (run under unshare -rn)".into());
-    format!(
-        "{bin}: {:.2} requests/s ({}), {:.2} stream messages/s, {conns} new connections/s",
-        unary / s,
-        d.iter()
-            .map(|(k, v)| format!("{k} {:.2}/s", v / s))
-            .collect::<Vec<_>>()
-            .join(", "),
-        (msgs1 - msgs0) / s
-    )
+    format!("{bin}: {}", per_second(&load, window))
 }
 
 /// `grpc_server_msg_received_total` of every member (stream messages included).
@@ -346,13 +358,12 @@ async fn measure_idle_daemon_cost() {
         bins.push(b);
     }
     bins.push(env!("CARGO_BIN_EXE_fenced").to_owned());
-    // Nothing but the scrapes: what the measurement itself costs.
-    let quiet0 = handled(&etcd).await;
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let quiet = delta(&quiet0, &handled(&etcd).await);
+    // No daemon: what etcd sees without one (its members' own connections).
+    let quiet = etcd_load(&etcd, window).await;
     eprintln!(
-        "etcd {}, 3 members; with no daemon: {quiet:?} in 5 s",
-        test_support::EtcdVersion::current()
+        "etcd {}, 3 members; over {window:?} with no daemon: {}",
+        test_support::EtcdVersion::current(),
+        per_second(&quiet, window)
     );
     for (i, b) in bins.iter().enumerate() {
         let line = idle_cost(b, &etcd, &format!("n{i}"), window).await;

@@ -633,10 +633,14 @@ impl EndpointHealth {
     ) -> Self {
         let timeout = opts.connect_timeout.min(opts.health_timeout);
         // No request timeout of its own: the probe's `timeout` bounds each call. No
-        // `require_leader`: it would make `Status` fail without a leader too.
+        // `require_leader`: it would make `Status` fail without a leader too. HTTP/2
+        // PINGs only while a probe is in flight: etcd answers PINGs on a connection
+        // without streams as abuse (`too_many_pings`, GOAWAY), so PINGs while idle
+        // between rounds closed the kept connection and each round reconnected.
         let popts = ConnectOptions::new()
             .with_connect_timeout(timeout)
-            .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+            .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout)
+            .with_keep_alive_while_idle(false);
         // Same TLS and credentials as the store, which already checked them.
         let popts = opts.security.apply(endpoints, popts);
         let mut targets = Vec::with_capacity(endpoints.len());
