@@ -847,4 +847,96 @@ mod tests {
         assert_eq!(rotation(&[Refused, Silent, Silent]), [true, true, true]);
         assert_eq!(rotation(&[]), Vec::<bool>::new());
     }
+
+    #[test]
+    fn operations_and_results_of_the_store_channel() {
+        assert_eq!(operation("/etcdserverpb.KV/Range"), "Range");
+        assert_eq!(
+            operation("/etcdserverpb.Lease/LeaseKeepAlive"),
+            "LeaseKeepAlive"
+        );
+        assert_eq!(operation("/etcdserverpb.Maintenance/Defragment"), "other");
+        assert_eq!(operation(""), "other");
+        let with = |v: &str| {
+            let mut h = http::HeaderMap::new();
+            h.insert("grpc-status", v.parse().unwrap());
+            grpc_result(&h)
+        };
+        assert_eq!(grpc_result(&http::HeaderMap::new()), "ok");
+        assert_eq!(with("0"), "ok");
+        assert_eq!(with("14"), "unavailable");
+        assert_eq!(with("4"), "deadline_exceeded");
+        assert_eq!(with("7"), "permission_denied");
+        assert_eq!(with("x"), "ok");
+        // A member that does not serve, not a request etcd refused.
+        for r in ["transport", "unavailable", "deadline_exceeded", "unknown"] {
+            assert!(is_member_failure(r), "{r}");
+        }
+        for r in ["ok", "permission_denied", "invalid_argument", "abandoned"] {
+            assert!(!is_member_failure(r), "{r}");
+        }
+    }
+
+    #[test]
+    fn pace_backs_off_while_rounds_find_nothing_new() {
+        let t0 = tokio::time::Instant::now();
+        let mut p = Pace {
+            last_start: t0,
+            gap: TRIGGER_GAP_BASE,
+            recovery: RECOVERY_BASE,
+        };
+        for _ in 0..20 {
+            let idle = p.unprompted(true);
+            assert!((IDLE_PERIOD.0..=IDLE_PERIOD.1).contains(&idle), "{idle:?}");
+        }
+        assert_eq!(p.triggered_at(t0), t0 + TRIGGER_GAP_BASE);
+        // A slow etcd: every triggered round finds the same.
+        p.after(true, true, true);
+        p.after(true, true, true);
+        assert_eq!(p.gap, 4 * TRIGGER_GAP_BASE);
+        for _ in 0..10 {
+            p.after(true, true, true);
+        }
+        assert_eq!(p.gap, TRIGGER_GAP_MAX);
+        // A change (a member stopped serving): back to the base at once.
+        p.after(true, false, false);
+        assert_eq!(p.gap, TRIGGER_GAP_BASE);
+        assert_eq!(p.recovery, RECOVERY_BASE);
+        // Out of rotation and still down: rechecked less often, up to the maximum.
+        for _ in 0..10 {
+            p.after(false, true, false);
+        }
+        assert_eq!(p.recovery, RECOVERY_MAX);
+        let r = p.unprompted(false);
+        assert!(r >= RECOVERY_MAX.mul_f64(0.75) && r <= RECOVERY_MAX.mul_f64(1.25));
+        // A long quiet spell resets a backed-off gap.
+        p.gap = TRIGGER_GAP_MAX;
+        let later = t0 + TRIGGER_GAP_RESET;
+        assert_eq!(p.triggered_at(later), t0 + TRIGGER_GAP_BASE);
+    }
+
+    #[tokio::test]
+    async fn a_request_unanswered_past_the_threshold_wakes_the_prober_at_once() {
+        let s = Signals::new(Duration::from_millis(100));
+        let answered = s.watch("Range", async { 7 }).await;
+        assert_eq!(answered, 7);
+        assert!(s.take_why().is_none(), "a prompt answer signals nothing");
+        let slow = {
+            let s = s.clone();
+            tokio::spawn(async move {
+                s.watch("Range", tokio::time::sleep(Duration::from_secs(30)))
+                    .await
+            })
+        };
+        // Signalled when the threshold passes, long before the answer.
+        let t0 = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), s.wake.notified())
+            .await
+            .expect("woken once the threshold passed");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        let why = s.take_why().expect("a reason");
+        assert!(why.contains("Range") && why.contains("100ms"), "{why}");
+        assert!(!slow.is_finished(), "the answer is still awaited");
+        slow.abort();
+    }
 }
