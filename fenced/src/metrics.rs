@@ -862,6 +862,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn etcd_requests_are_counted_by_operation_and_result() {
+        let o = Observer::new();
+        o.etcd_request("Range", Duration::from_millis(3), "ok");
+        o.etcd_request("Range", Duration::from_millis(900), "unavailable");
+        o.etcd_request("Txn", Duration::from_secs(2), "abandoned");
+        let m = o.encode();
+        for line in [
+            "fenced_etcd_requests_total{operation=\"Range\",result=\"ok\"} 1",
+            "fenced_etcd_requests_total{operation=\"Range\",result=\"unavailable\"} 1",
+            "fenced_etcd_requests_total{operation=\"Txn\",result=\"abandoned\"} 1",
+            "fenced_etcd_request_duration_seconds_count{operation=\"Range\"} 2",
+        ] {
+            assert!(m.lines().any(|l| l == line), "{line} in\n{m}");
+        }
+        // An abandoned request has no answer time.
+        assert!(
+            !m.contains("fenced_etcd_request_duration_seconds_count{operation=\"Txn\"}"),
+            "{m}"
+        );
+    }
+
+    #[test]
     fn a_stopped_task_is_unhealthy_until_it_runs_again() {
         let o = Observer::new();
         let now = Instant::now();
