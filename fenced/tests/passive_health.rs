@@ -241,6 +241,91 @@ async fn a_hung_member_leaves_rotation_soon_after_the_first_slow_request() {
     );
 }
 
+/// `grpc_server_started_total` of `method` on member `i` (streams opened there).
+async fn started_on(etcd: &EtcdCluster, i: usize, method: &str) -> f64 {
+    let want = format!("grpc_method=\"{method}\"");
+    http_get(&etcd.addr(i).to_string(), "/metrics")
+        .await
+        .lines()
+        .filter(|l| l.starts_with("grpc_server_started_total{") && l.contains(&want))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The lease keepalive stream is the only traffic, and it sits on the member that
+/// hangs: the renewal sent after the hang goes unanswered, and awaiting it through
+/// `EtcdStore::observed` (as the agent does) has the store probe at once. The member
+/// is out of rotation about a probe timeout after the renewal went slow; without the
+/// hook, nothing but the idle probe (5–15 s after connecting) would notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_renewal_unanswered_on_a_hung_member_takes_it_out_of_rotation() {
+    let _serial = SERIAL.lock().await;
+    let etcd = EtcdCluster::new(3).start();
+    let store = store(&etcd, "/passive-keepalive").await;
+    let slow_after = opts().health_timeout;
+    let mut rotation = store.endpoint_rotation();
+    rotation.borrow_and_update();
+    let lease = store.grant(Duration::from_secs(10)).await.expect("grant");
+    let (mut keeper, mut msgs) = store.keep_alive(lease).await.expect("keepalive stream");
+    // Which member holds the stream: the one that saw it open.
+    let mut holder = None;
+    for i in 0..etcd.len() {
+        if started_on(&etcd, i, "LeaseKeepAlive").await > 0.0 {
+            holder = Some(i);
+        }
+    }
+    let hung = holder.expect("a member saw the keepalive stream open");
+    let hung_ep = etcd.endpoint(hung);
+    let stopped = Stopped::new(etcd.pid(hung).expect("member runs"));
+    let sent = Instant::now();
+    keeper.keep_alive().await.expect("renewal sent");
+    let renewal = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            store
+                .observed("LeaseKeepAlive", msgs.message())
+                .await
+                .is_ok_and(|m| m.is_some())
+        })
+    };
+    let t_out = loop {
+        let out = tokio::time::timeout(Duration::from_secs(20), rotation.changed()).await;
+        assert!(
+            matches!(out, Ok(Ok(()))),
+            "{hung_ep} not out of rotation within 20 s"
+        );
+        let states = rotation.borrow_and_update().clone();
+        if states
+            .iter()
+            .any(|e| e.endpoint == hung_ep && !e.in_rotation)
+        {
+            break Instant::now();
+        }
+    };
+    // Finished with an answer (an error, e.g. the connection torn down by the HTTP/2
+    // PING timeout, is no answer).
+    let answered = if renewal.is_finished() {
+        renewal.await.unwrap_or(false)
+    } else {
+        renewal.abort();
+        false
+    };
+    drop(stopped);
+    let after_slow = t_out.saturating_duration_since(sent + slow_after);
+    eprintln!(
+        "etcd {}: keepalive stream on m{} SIGSTOPped; out of rotation {} ms after the renewal was sent ({} ms after it went slow)",
+        test_support::EtcdVersion::current(),
+        hung + 1,
+        t_out.duration_since(sent).as_millis(),
+        after_slow.as_millis()
+    );
+    assert!(!answered, "the hung member answered the renewal");
+    assert!(
+        after_slow <= Duration::from_millis(1200),
+        "out of rotation {after_slow:?} after the renewal went slow"
+    );
+}
+
 /// What etcd saw over `window`: requests answered by method, stream messages
 /// received, and new TCP connections (`None` outside a private network namespace)
 /// less the measurement's own (one per member and scrape).
