@@ -57,6 +57,17 @@ struct ProbeLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    operation: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationResultLabels {
+    operation: &'static str,
+    result: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CommandLabels {
     command: &'static str,
 }
@@ -97,6 +108,8 @@ struct Metrics {
     endpoint_in_rotation: Family<EndpointLabels, Gauge>,
     endpoint_probe: Family<EndpointLabels, Histogram>,
     endpoint_trouble: Family<ProbeLabels, Counter>,
+    etcd_requests: Family<OperationResultLabels, Counter>,
+    etcd_request_seconds: Family<OperationLabels, Histogram>,
     device_seconds: Family<CommandLabels, Histogram>,
     device_commands: Family<CommandStatusLabels, Counter>,
 }
@@ -121,6 +134,8 @@ impl Metrics {
             endpoint_in_rotation: Family::default(),
             endpoint_probe: Family::new_with_constructor(step_histogram),
             endpoint_trouble: Family::default(),
+            etcd_requests: Family::default(),
+            etcd_request_seconds: Family::new_with_constructor(step_histogram),
             device_seconds: Family::new_with_constructor(step_histogram),
             device_commands: Family::default(),
         };
@@ -199,6 +214,19 @@ impl Metrics {
             "etcd_endpoint_probe_failures",
             "Endpoint probes that did not find the endpoint serving, by verdict (degraded, silent, refused)",
             m.endpoint_trouble.clone(),
+        );
+        // By operation: etcd-client balances the store's requests over the endpoints
+        // inside its channel and does not say which one served a request, so they
+        // cannot be attributed to an endpoint (the probes above are, per endpoint).
+        r.register(
+            "etcd_requests",
+            "The store's etcd requests by operation (gRPC method: Range, Txn, Put, LeaseGrant, ...) and result (ok, a gRPC code such as unavailable, transport when no answer came, abandoned when the caller stopped waiting); not by endpoint: etcd-client balances them over the endpoints without saying which served one",
+            m.etcd_requests.clone(),
+        );
+        r.register(
+            "etcd_request_duration_seconds",
+            "Time until etcd answered each of the store's requests, by operation (for the Watch and LeaseKeepAlive streams: until the stream was open)",
+            m.etcd_request_seconds.clone(),
         );
         r.register(
             "device_command_duration_seconds",
@@ -596,6 +624,20 @@ impl Observer {
         }
     }
 
+    /// One request of the store's channel ([`crate::store::RequestHook`]).
+    pub fn etcd_request(&self, operation: &'static str, took: Duration, result: &'static str) {
+        self.m()
+            .etcd_requests
+            .get_or_create(&OperationResultLabels { operation, result })
+            .inc();
+        if result != "abandoned" {
+            self.m()
+                .etcd_request_seconds
+                .get_or_create(&OperationLabels { operation })
+                .observe(took.as_secs_f64());
+        }
+    }
+
     fn device_command<T>(&self, command: &'static str, d: Duration, r: &nvme_resv::Result<T>) {
         self.m()
             .device_seconds
@@ -677,8 +719,14 @@ impl nvme_resv::Reservations for ObservedDevice {
     }
 }
 
-/// Reports every probe round of `store`'s etcd endpoints to `observer`, until dropped.
+/// Reports every probe round of `store`'s etcd endpoints to `observer`, until dropped,
+/// and every request of the store as it is answered (from now on, not only while this
+/// runs).
 pub async fn follow_endpoints(store: crate::store::EtcdStore, observer: Observer) {
+    let o = observer.clone();
+    store.observe_requests(Arc::new(move |op, took, result| {
+        o.etcd_request(op, took, result);
+    }));
     let mut rx = store.endpoint_rotation();
     loop {
         let states = rx.borrow_and_update().clone();
@@ -812,6 +860,28 @@ pub async fn watchdog_loop(notifier: Arc<Notifier>, observer: Observer, period: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn etcd_requests_are_counted_by_operation_and_result() {
+        let o = Observer::new();
+        o.etcd_request("Range", Duration::from_millis(3), "ok");
+        o.etcd_request("Range", Duration::from_millis(900), "unavailable");
+        o.etcd_request("Txn", Duration::from_secs(2), "abandoned");
+        let m = o.encode();
+        for line in [
+            "fenced_etcd_requests_total{operation=\"Range\",result=\"ok\"} 1",
+            "fenced_etcd_requests_total{operation=\"Range\",result=\"unavailable\"} 1",
+            "fenced_etcd_requests_total{operation=\"Txn\",result=\"abandoned\"} 1",
+            "fenced_etcd_request_duration_seconds_count{operation=\"Range\"} 2",
+        ] {
+            assert!(m.lines().any(|l| l == line), "{line} in\n{m}");
+        }
+        // An abandoned request has no answer time.
+        assert!(
+            !m.contains("fenced_etcd_request_duration_seconds_count{operation=\"Txn\"}"),
+            "{m}"
+        );
+    }
 
     #[test]
     fn a_stopped_task_is_unhealthy_until_it_runs_again() {

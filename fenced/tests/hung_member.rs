@@ -253,7 +253,8 @@ const FENCE_BOUND: Duration = Duration::from_secs(6);
 const FENCE_BOUND_LEADER: Duration = Duration::from_secs(7);
 
 /// How long after the hang the store must have taken the member out of rotation
-/// (probe period 500 ms + probe timeout TTL/4 = 500 ms + scheduling slack).
+/// (the first request the hang holds past the slow threshold TTL/4 = 500 ms starts a
+/// probe round, whose read times out after TTL/4 = 500 ms, + scheduling slack).
 const OUT_OF_ROTATION_BOUND: Duration = Duration::from_secs(2);
 
 #[derive(Clone, Copy, Debug, PartialEq)]

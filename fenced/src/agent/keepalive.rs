@@ -73,7 +73,9 @@ pub(super) fn spawn_keepalive(
             let renewed = match &mut stream {
                 Some((keeper, msgs)) => match keeper.keep_alive().await {
                     Ok(()) => tokio::select! {
-                        r = tokio::time::timeout(ttl, msgs.message()) => match r {
+                        // `observed`: a renewal unanswered for long has the store probe
+                        // the endpoints at once (the stream may sit on a hung member).
+                        r = tokio::time::timeout(ttl, store.observed("LeaseKeepAlive", msgs.message())) => match r {
                             Ok(Ok(Some(resp))) => Some(resp.ttl()),
                             _ => None,
                         },

@@ -47,7 +47,7 @@ mod view;
 pub use approvals::Approval;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
-pub use health::{EndpointState, probe_endpoints};
+pub use health::{EndpointState, RequestHook, probe_endpoints};
 pub use membership::{BootRecord, Joined, RestartState};
 pub use presence::apply_controller_event;
 pub use security::{EtcdSecurity, SecurityError};
@@ -59,7 +59,7 @@ pub use view::{
     decode_audit, decode_liveness, json_text,
 };
 
-use health::EndpointHealth;
+use health::{EndpointHealth, Signals, Watched};
 
 /// Result alias.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -104,6 +104,8 @@ pub struct EtcdStore {
     /// The paged read of the key space ([`view`]): its own KV client (answers up to
     /// [`StoreOptions::read_max_response_bytes`]) and page size.
     reader: view::Reader,
+    /// What the store's requests tell the endpoint health ([`EtcdStore::observed`]).
+    signals: Arc<Signals>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -196,9 +198,11 @@ pub struct StoreOptions {
     /// answered: waiting the whole request timeout for it delayed fences by ~5 s.
     pub first_attempt_timeout: Duration,
     /// With several endpoints, how long each health probe waits for a member's answer
-    /// (capped by the connect timeout) before that member is taken out of rotation.
-    /// Keep it well under the lease TTL: keepalives sitting on a hung member are
-    /// moved only once it is detected (up to 500 ms + this later).
+    /// (capped by the connect timeout) before that member is taken out of rotation,
+    /// and how long a request of the store (or a lease renewal) may go unanswered
+    /// before the endpoints are probed. Keep it well under the lease TTL: keepalives
+    /// sitting on a hung member are moved only once it is detected (about twice this
+    /// after the renewal was sent).
     pub health_timeout: Duration,
     /// TLS files and credentials of every connection (the store's and the health
     /// probe's).
@@ -273,9 +277,13 @@ impl EtcdStore {
             .with_timeout(opts.request_timeout)
             .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
         let copts = opts.security.apply(endpoints, copts)?;
-        let client = Client::connect(endpoints, Some(copts))
-            .await
-            .map_err(|e| StoreError::classify("connect", e))?;
+        // Every request passes through the channel `Watched` builds: a slow or failed
+        // one triggers a probe of the endpoints.
+        let signals = Signals::new(opts.connect_timeout.min(opts.health_timeout));
+        let client =
+            Client::connect_with_balanced_channel(endpoints, Some(copts), Watched(signals.clone()))
+                .await
+                .map_err(|e| StoreError::classify("connect", e))?;
         let keys = Keys::new(root);
         let removals = Arc::new(tokio::sync::watch::Sender::new(0));
         let rotation = Arc::new(tokio::sync::watch::Sender::new(Vec::new()));
@@ -289,6 +297,7 @@ impl EtcdStore {
                     opts,
                     removals.clone(),
                     rotation.clone(),
+                    signals.clone(),
                 )
                 .await,
             )),
@@ -305,6 +314,7 @@ impl EtcdStore {
             rotation,
             malformed_seen: Arc::default(),
             reader,
+            signals,
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
@@ -338,6 +348,22 @@ impl EtcdStore {
     /// stays empty.
     pub fn endpoint_rotation(&self) -> tokio::sync::watch::Receiver<Vec<EndpointState>> {
         self.rotation.subscribe()
+    }
+
+    /// Sends every request of this store (and its clones) to `hook` as it is
+    /// answered ([`RequestHook`]: by operation, since etcd-client's channel does not
+    /// say which endpoint served it). One hook per store; `false` if one was set.
+    pub fn observe_requests(&self, hook: RequestHook) -> bool {
+        self.signals.set_hook(hook)
+    }
+
+    /// Awaits `answer`, the answer to a request on a stream the store's channel does
+    /// not see (a renewal on a lease keepalive stream), and treats it like the
+    /// channel's own requests: unanswered after [`StoreOptions::health_timeout`], the
+    /// endpoints are probed at once (the answer is still awaited), so a stream that
+    /// sits on a hung member is noticed by its first renewal that goes unanswered.
+    pub async fn observed<F: std::future::Future>(&self, op: &'static str, answer: F) -> F::Output {
+        self.signals.watch(op, answer).await
     }
 
     /// The etcd client (cheap clone).
