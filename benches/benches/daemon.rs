@@ -12,8 +12,10 @@
 //!    while whatever loads the machine runs (plus `FENCED_BENCH_SOAK_BURN` busy threads
 //!    of this bench): none may exit, self-fence, leave or be fenced. A watch on the key
 //!    root fails the soak on any membership DELETE, generation bump, fence intent, claim,
-//!    mark, departure or audit record; the lease renewals are timed from the
-//!    `liveness/<node>` writes and the leases' remaining TTLs polled.
+//!    mark, departure or audit record. How close a lease came to expiring: the leases'
+//!    remaining TTLs polled every 0.2 s, beside a control lease this bench keeps alive
+//!    itself (etcd-client alone, a renewal every TTL/3: its round trips are etcd's and
+//!    the machine's share of a late renewal); the `liveness/<node>` writes are counted.
 //!
 //! Every daemon runs in its own PID namespace (`unshare --pid --fork --kill-child`) when
 //! this process may create one (root), so a signal it sends reaches only that namespace;
@@ -532,6 +534,83 @@ fn forbidden(root: &str, key: &[u8], event: EventType) -> Option<&'static str> {
     }
 }
 
+/// How close one lease came to expiring, from its remaining TTL polled every
+/// [`LEASE_POLL`] (etcd answers in whole seconds, rounded down: 0 means under 1 s left,
+/// more than TTL - 1 s since its last renewal reached etcd).
+#[derive(Default)]
+struct LeaseWatch {
+    min_left: Option<i64>,
+    polls: u64,
+    under_1s: u64,
+    /// Start of the current run of "under 1 s" answers.
+    low_since: Option<Instant>,
+    /// Longest run of "under 1 s" answers, first to last.
+    longest_low: Duration,
+}
+
+const LEASE_POLL: Duration = Duration::from_millis(200);
+
+impl LeaseWatch {
+    fn record(&mut self, left: i64, at: Instant) {
+        self.polls += 1;
+        self.min_left = Some(self.min_left.map_or(left, |m| m.min(left)));
+        if left <= 0 {
+            self.under_1s += 1;
+            let since = *self.low_since.get_or_insert(at);
+            self.longest_low = self.longest_low.max(at - since);
+        } else {
+            self.low_since = None;
+        }
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "least left {}s, under 1 s left in {} of {} polls, longest such run {:.1}s",
+            self.min_left.map_or("?".into(), |m| m.to_string()),
+            self.under_1s,
+            self.polls,
+            self.longest_low.as_secs_f64()
+        )
+    }
+}
+
+/// A control: a lease of the same TTL kept alive by this bench with etcd-client alone
+/// (a renewal every TTL/3, nothing else on its path), so the soak tells etcd's and the
+/// machine's share of a late renewal from the daemon's. Returns the lease and a task
+/// that yields the renewals' round trips and how many got no answer within the TTL.
+async fn control_lease(
+    ep: &str,
+    ttl: u64,
+    stop: Arc<AtomicBool>,
+) -> (i64, tokio::task::JoinHandle<(Vec<Duration>, u64)>) {
+    let mut client = Client::connect([ep], None).await.expect("connect");
+    let lease = client
+        .lease_grant(i64::try_from(ttl).expect("ttl"), None)
+        .await
+        .expect("grant control lease")
+        .id();
+    let task = tokio::spawn(async move {
+        let (mut keeper, mut msgs) = client.lease_keep_alive(lease).await.expect("keepalive");
+        let mut tick = tokio::time::interval(Duration::from_secs(ttl) / 3);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let (mut rtts, mut lost) = (Vec::new(), 0);
+        while !stop.load(Ordering::Relaxed) {
+            tick.tick().await;
+            let sent = Instant::now();
+            if keeper.keep_alive().await.is_err() {
+                lost += 1;
+                continue;
+            }
+            match tokio::time::timeout(Duration::from_secs(ttl), msgs.message()).await {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => rtts.push(sent.elapsed()),
+                _ => lost += 1,
+            }
+        }
+        (rtts, lost)
+    });
+    (lease, task)
+}
+
 async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: usize, dir: &Path) {
     let ttl = ttl_secs();
     let ep = etcd.endpoint();
@@ -580,6 +659,9 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
         "daemon/soak: {nodes} daemons, TTL {ttl}s, {}s, {burn} busy threads; load average {load_start}",
         duration.as_secs()
     );
+    let stop_control = Arc::new(AtomicBool::new(false));
+    let (control, control_task) = control_lease(&ep, ttl, stop_control.clone()).await;
+    leases.insert("control".to_owned(), control);
     let burners = Burners::start(burn);
     let t0 = Instant::now();
     let end = t0 + duration;
@@ -588,10 +670,10 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
     let mut last_live: BTreeMap<String, Instant> = BTreeMap::new();
     let mut max_gap: BTreeMap<String, Duration> = BTreeMap::new();
     let mut renewals = 0u64;
-    let mut min_left: BTreeMap<String, i64> = BTreeMap::new();
+    let mut lease_watch: BTreeMap<String, LeaseWatch> = BTreeMap::new();
     let mut loads = vec![load_start.clone()];
     let mut next_load = t0 + Duration::from_secs(60);
-    let mut poll = tokio::time::interval(Duration::from_millis(500));
+    let mut poll = tokio::time::interval(LEASE_POLL);
     let liveness_prefix = format!("{root}liveness/");
     while Instant::now() < end && violations.is_empty() {
         tokio::select! {
@@ -623,8 +705,7 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
             _ = poll.tick() => {
                 for (node, lease) in &leases {
                     if let Ok(r) = client.lease_time_to_live(*lease, None).await {
-                        let left = min_left.entry(node.clone()).or_insert(i64::MAX);
-                        *left = (*left).min(r.ttl());
+                        lease_watch.entry(node.clone()).or_default().record(r.ttl(), Instant::now());
                     }
                 }
                 for d in &mut daemons {
@@ -646,6 +727,9 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
         }
     }
     drop(burners);
+    stop_control.store(true, Ordering::Relaxed);
+    let (control_rtts, control_lost) = control_task.await.expect("control lease task");
+    leases.remove("control");
     let elapsed = t0.elapsed();
     let load_end = loadavg();
     loads.push(load_end.clone());
@@ -699,9 +783,28 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
         }
     }
     let gap_max = max_gap.values().max().copied().unwrap_or_default();
-    let left_min = min_left.values().min().copied().unwrap_or(-1);
+    let left_min = lease_watch
+        .iter()
+        .filter(|(n, _)| n.as_str() != "control")
+        .filter_map(|(_, w)| w.min_left)
+        .min()
+        .unwrap_or(-1);
+    let low_runs = lease_watch
+        .iter()
+        .filter(|(n, _)| n.as_str() != "control")
+        .map(|(_, w)| w.under_1s)
+        .sum::<u64>();
+    for (node, w) in &lease_watch {
+        println!("daemon/soak: lease of {node}: {}", w.describe());
+    }
+    let control_rtt = Summary::of(&control_rtts);
+    if let Some(sm) = &control_rtt {
+        println!(
+            "daemon/soak: control lease (this bench's own keepalive every TTL/3): renewal round trip {sm}; {control_lost} renewal(s) unanswered within the TTL"
+        );
+    }
     println!(
-        "daemon/soak: {:.0}s, {nodes} daemons, TTL {ttl}s: {} violation(s); {renewals} liveness writes, longest gap between two of one node {:.3}s (per node: {}); least lease TTL left seen {left_min}s (whole seconds, polled every 0.5 s); {logged} warn/error log lines; load averages {}",
+        "daemon/soak: {:.0}s, {nodes} daemons, TTL {ttl}s: {} violation(s); {renewals} liveness writes, longest gap between two of one node {:.3}s (a write is skipped when it takes over TTL/3: not the renewal gap) (per node: {}); least lease TTL left seen {left_min}s (whole seconds, polled every 0.2 s; under 1 s in {low_runs} polls); {logged} warn/error log lines; load averages {}",
         elapsed.as_secs_f64(),
         violations.len(),
         gap_max.as_secs_f64(),
@@ -713,10 +816,12 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
         loads.join(" | "),
     );
     println!(
-        "BENCH soak secs={:.0} daemons={nodes} ttl_s={ttl} burn={burn} violations={} liveness_writes={renewals} max_renewal_gap_s={:.3} min_lease_ttl_left_s={left_min} log_lines={logged} load_start={load_start:?} load_end={load_end:?}",
+        "BENCH soak secs={:.0} daemons={nodes} ttl_s={ttl} burn={burn} violations={} liveness_writes={renewals} max_renewal_gap_s={:.3} min_lease_ttl_left_s={left_min} polls_under_1s={low_runs} control_rtt_p99_ms={:.1} control_rtt_max_ms={:.1} control_lost={control_lost} log_lines={logged} load_start={load_start:?} load_end={load_end:?}",
         elapsed.as_secs_f64(),
         violations.len(),
         gap_max.as_secs_f64(),
+        control_rtt.map_or(f64::NAN, |s| s.p99.as_secs_f64() * 1e3),
+        control_rtt.map_or(f64::NAN, |s| s.max.as_secs_f64() * 1e3),
     );
     if !violations.is_empty() {
         let refs: Vec<&Daemon> = daemons.iter().collect();
