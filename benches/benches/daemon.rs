@@ -664,7 +664,11 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
     leases.insert("control".to_owned(), control);
     let burners = Burners::start(burn);
     let t0 = Instant::now();
-    let end = t0 + duration;
+    let mut end = t0 + duration;
+    // After the first violation, watch on long enough to see what followed (the lease's
+    // expiry and the fence a death causes), then stop.
+    let mut cut_short = false;
+    let mut exited: BTreeMap<String, ExitStatus> = BTreeMap::new();
     let mut violations: Vec<String> = Vec::new();
     // Per node: when its last liveness write was seen, the longest gap between two.
     let mut last_live: BTreeMap<String, Instant> = BTreeMap::new();
@@ -675,7 +679,11 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
     let mut next_load = t0 + Duration::from_secs(60);
     let mut poll = tokio::time::interval(LEASE_POLL);
     let liveness_prefix = format!("{root}liveness/");
-    while Instant::now() < end && violations.is_empty() {
+    while Instant::now() < end {
+        if !violations.is_empty() && !cut_short {
+            cut_short = true;
+            end = end.min(Instant::now() + Duration::from_secs(2 * ttl + 2));
+        }
         tokio::select! {
             msg = stream.message() => {
                 let msg = msg.expect("watch").expect("watch open");
@@ -709,7 +717,9 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
                     }
                 }
                 for d in &mut daemons {
-                    if let Some(st) = d.exited() {
+                    if let Some(st) = d.exited()
+                        && exited.insert(d.node.clone(), st).is_none()
+                    {
                         violations.push(format!(
                             "{:.1}s: daemon {} exited ({st})",
                             t0.elapsed().as_secs_f64(),
@@ -778,7 +788,9 @@ async fn soak(bin: &Path, etcd: &Etcd, nodes: usize, duration: Duration, burn: u
         if text.contains("SELF-FENCED") {
             violations.push(format!("{} logged a self-fence", d.node));
         }
-        if let Some(st) = d.exited() {
+        if let Some(st) = d.exited()
+            && !exited.contains_key(&d.node)
+        {
             violations.push(format!("daemon {} exited ({st})", d.node));
         }
     }
