@@ -7,7 +7,7 @@ use crate::clock::unix_ms;
 use crate::core::attest::LivenessRecord;
 use crate::core::{LeaseReading, lease_reading};
 use crate::node::NodeId;
-use crate::store::EtcdStore;
+use crate::store::{EtcdStore, StoreError};
 
 /// Keeps `lease` alive from the moment it is granted (a slow start must not let it
 /// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone,
@@ -55,6 +55,8 @@ pub(super) fn spawn_keepalive(
         let mut tick = tokio::time::interval(renew_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut duties = Duties::default();
+        // The duty running now (at most one), when it started, its task.
+        let mut in_flight: Option<(Duty, Instant, DutyTask)> = None;
         // The newest renewal published: an older one is never published after it.
         let mut last = Instant::now();
         let mut broken_since: Option<Instant> = None;
@@ -101,50 +103,63 @@ pub(super) fn spawn_keepalive(
                         tracing::info!(node = %node, after = ?since.elapsed(), "lease keepalive restored");
                     }
                     publish(sent, left);
+                    // A duty that finished since the last renewal: judged now.
+                    if in_flight
+                        .as_ref()
+                        .is_some_and(|(_, _, h)| h.0.is_finished())
+                    {
+                        let (duty, at, mut h) = in_flight.take().expect("checked above");
+                        let done = (&mut h.0).await.ok().flatten();
+                        duties.done(duty, at, matches!(done, Some(Ok(()))));
+                        if let Some(Err(e)) = &done
+                            && e.is_denied()
+                        {
+                            // Our credentials may no longer write our own keys (the
+                            // node's etcd role was revoked): we cannot leave, nor claim
+                            // or give back an arena. Stop renewing and self-fence now
+                            // (the check runs only every few seconds: waiting out the
+                            // margin on top would leave the node writing for longer);
+                            // the lease expires and a controller fences us.
+                            tracing::error!(node = %node, error = %e, "etcd refuses this node's writes (its etcd role revoked?): stopping lease renewal and self-fencing now; this node is fenced when its lease expires");
+                            drop(stream.take());
+                            let _ = tx.send((Instant::now(), 0));
+                            // Keep `tx` open: a closed channel would wake the agent's
+                            // loop without pause until the watchdog fires.
+                            std::future::pending::<()>().await;
+                        }
+                    }
                     let now = Instant::now();
+                    if in_flight.is_some() {
+                        continue;
+                    }
                     let Some(duty) = duties.due(now).filter(|_| left > 0) else {
                         continue;
                     };
-                    // Best effort, and bounded: a request balanced onto a member that
-                    // stopped answering would hold the next renewal for the whole
-                    // request timeout (5 s), past a short lease's expiry.
-                    let done = match duty {
-                        Duty::Stamp => {
-                            let record = LivenessRecord {
-                                lease,
-                                ttl_ms: millis(ttl),
-                                margin_ms: millis(margin),
-                                unix_ms: unix_ms(),
-                                refresh_ms: millis(LIVENESS_REFRESH + renew_every),
-                            };
-                            tokio::time::timeout(renew_every, store.put_liveness(&node, &record))
-                                .await
-                        }
-                        Duty::CheckPermission => {
-                            tokio::time::timeout(
-                                renew_every,
-                                store.check_own_write_permission(&node),
-                            )
-                            .await
-                        }
+                    // In a task of its own, bounded: the renewals stay TTL/3 apart
+                    // whatever this request costs (awaited here, a write balanced onto
+                    // a slow member delayed the next renewal by up to TTL/3, and etcd
+                    // holds a renewal up to 1 s for its applied index: at a 2 s TTL that
+                    // brought a live lease within 1 s of expiring under load).
+                    let (store, node) = (store.clone(), node.clone());
+                    let record = LivenessRecord {
+                        lease,
+                        ttl_ms: millis(ttl),
+                        margin_ms: millis(margin),
+                        unix_ms: unix_ms(),
+                        refresh_ms: millis(LIVENESS_REFRESH + renew_every),
                     };
-                    duties.done(duty, now, matches!(done, Ok(Ok(()))));
-                    if let Ok(Err(e)) = &done
-                        && e.is_denied()
-                    {
-                        // Our credentials may no longer write our own keys (the node's
-                        // etcd role was revoked): we cannot leave, nor claim or give
-                        // back an arena. Stop renewing and self-fence now (the check
-                        // runs only every few seconds: waiting out the margin on top
-                        // would leave the node writing for longer); the lease expires
-                        // and a controller fences us.
-                        tracing::error!(node = %node, error = %e, "etcd refuses this node's writes (its etcd role revoked?): stopping lease renewal and self-fencing now; this node is fenced when its lease expires");
-                        drop(stream.take());
-                        let _ = tx.send((Instant::now(), 0));
-                        // Keep `tx` open: a closed channel would wake the agent's loop
-                        // without pause until the watchdog fires.
-                        std::future::pending::<()>().await;
-                    }
+                    let h = tokio::spawn(async move {
+                        let request = async {
+                            match duty {
+                                Duty::Stamp => store.put_liveness(&node, &record).await,
+                                Duty::CheckPermission => {
+                                    store.check_own_write_permission(&node).await
+                                }
+                            }
+                        };
+                        tokio::time::timeout(ttl, request).await.ok()
+                    });
+                    in_flight = Some((duty, now, DutyTask(h)));
                 }
                 None => {
                     if broken_since.is_none() {
@@ -210,6 +225,16 @@ pub(crate) const LIVENESS_REFRESH: Duration = Duration::from_secs(30);
 /// A node whose etcd role is revoked self-fences within about this long; the
 /// per-renewal write of older versions found it at the next renewal.
 pub(crate) const WRITE_PERMISSION_CHECK: Duration = Duration::from_secs(15);
+
+/// A duty's request in its own task (`None`: no answer within a TTL); ended with the
+/// keepalive task.
+struct DutyTask(tokio::task::JoinHandle<Option<Result<(), StoreError>>>);
+
+impl Drop for DutyTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// What the keepalive asks of etcd after a renewal, besides the renewal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
