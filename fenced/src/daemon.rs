@@ -107,11 +107,17 @@ pub enum DaemonError {
         oncs: bool,
         rescap: u8,
     },
-    #[error("cannot seed the free arenas: {source}")]
+    #[error("cannot seed or check the arena pool: {source}")]
     SeedArenas {
         #[source]
         source: StoreError,
     },
+    /// Arena records of the layout before per-node claims: this version neither reads
+    /// nor writes them, so running next to them could give an arena two owners.
+    #[error(
+        "etcd under {root} holds arena records of the layout before per-node claims, which this fenced does not read: {records}; stop every older fenced, then start one fenced with --seed-arenas naming these arenas (controller or root credentials) to convert them"
+    )]
+    LegacyArenas { root: String, records: String },
     #[cfg(feature = "ebs")]
     #[error("{source}")]
     Ebs {
@@ -534,6 +540,20 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .add_free_arenas(arenas)
             .await
             .map_err(|source| DaemonError::SeedArenas { source })?;
+    }
+    let legacy = store
+        .legacy_arenas()
+        .await
+        .map_err(|source| DaemonError::SeedArenas { source })?;
+    if !legacy.is_empty() {
+        return Err(DaemonError::LegacyArenas {
+            root: store.keys().root().to_owned(),
+            records: legacy
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
     }
     let _endpoints = AbortOnDrop(tokio::spawn(fenced::metrics::follow_endpoints(
         store.clone(),

@@ -392,6 +392,165 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     assert!(c.running(), "ctl exited: {}", c.log());
 }
 
+/// Every key under the arena prefixes (`arena_pool/`, `arena_claim/`, `arena_node/`)
+/// and its value, read as root.
+async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for p in ["arena_pool/", "arena_claim/", "arena_node/"] {
+        let r = root
+            .get(
+                format!("{ROOT}{p}"),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        for kv in r.kvs() {
+            out.push((
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cannot_claim_or_release_another_nodes_arena() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--arenas", "x,y,z"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    assert!(
+        out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/arena_claim/x/a"),
+        "{out}"
+    );
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+    // Agents only, one arena each, from the pool `--apply` seeded.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut a = sec.args(n);
+        a.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
+        a
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b each own an arena",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.arenas.iter().filter(|(_, o)| o == n).count() == 1)
+            })
+        },
+    )
+    .await;
+    let st = ops.status().await.unwrap();
+    let owned_by = |n: &str| {
+        st.arenas
+            .iter()
+            .find(|(_, o)| o == n)
+            .map(|(a, _)| a.clone())
+            .unwrap()
+    };
+    let (arena_a, arena_b) = (owned_by("a"), owned_by("b"));
+    assert_eq!(st.free_arenas.len(), 1, "{:?}", st.free_arenas);
+    let (node_a, node_b) = (
+        fenced::NodeId::new("a").unwrap(),
+        fenced::NodeId::new("b").unwrap(),
+    );
+    let mut root = sec.client("root").await;
+    let rev_of = async |root: &mut etcd_client::Client, n: &str| {
+        let m = root
+            .get(format!("{ROOT}membership/{n}"), None)
+            .await
+            .unwrap();
+        m.kvs()[0].create_revision()
+    };
+    let (a_rev, b_rev) = (rev_of(&mut root, "a").await, rev_of(&mut root, "b").await);
+    let before = arena_keys(&mut root).await;
+    assert!(
+        before
+            .iter()
+            .any(|(k, _)| k == &format!("{ROOT}arena_claim/{arena_a}/a")),
+        "{before:?}"
+    );
+
+    // Through fenced's own transactions with b's credentials: releasing a's arena
+    // is refused by etcd (a's claim key is not b's to delete); claiming it is
+    // refused by the claim's compare (a holds it).
+    let store_b = sec.store("b", ROOT).await.expect("b's store");
+    let e = store_b
+        .release_arena(&node_a, a_rev, &arena_a)
+        .await
+        .expect_err("b released a's arena");
+    assert!(e.is_denied(), "{e}");
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    assert!(
+        !store_b
+            .claim_arena(&node_b, b_rev, &arena_a)
+            .await
+            .expect("b's claim transaction"),
+        "b claimed a's arena"
+    );
+    // Writing the keys directly: a's claim and index, and the pool.
+    let mut as_b = sec.client("b").await;
+    let claim_a = format!("{ROOT}arena_claim/{arena_a}/a");
+    for k in [
+        claim_a.clone(),
+        format!("{ROOT}arena_node/a/{arena_a}"),
+        format!("{ROOT}arena_pool/{arena_a}"),
+        format!("{ROOT}arena_pool/{arena_b}"),
+    ] {
+        let e = as_b
+            .put(k.as_str(), "forged", None)
+            .await
+            .expect_err(&format!("b wrote {k}"));
+        let e = fenced::store::StoreError::classify("put", e);
+        assert!(e.is_denied(), "{k}: {e}");
+        let e = as_b
+            .delete(k.as_str(), None)
+            .await
+            .expect_err(&format!("b deleted {k}"));
+        let e = fenced::store::StoreError::classify("delete", e);
+        assert!(e.is_denied(), "{k}: {e}");
+    }
+    // Nor the layout before per-node claims, whose keys name no node.
+    for k in ["arena_owner/", "arena_free/"] {
+        let e = as_b
+            .put(format!("{ROOT}{k}{arena_a}"), "b", None)
+            .await
+            .expect_err(&format!("b wrote {k}"));
+        assert!(
+            fenced::store::StoreError::classify("put", e).is_denied(),
+            "{k}"
+        );
+    }
+    assert_eq!(
+        arena_keys(&mut root).await,
+        before,
+        "b's attempts changed an arena key"
+    );
+    assert_eq!(
+        store_b.owned_arenas(&node_b).await.unwrap(),
+        [arena_b.clone()]
+    );
+    assert!(a.running(), "a exited: {}", a.log());
+    assert!(b.running(), "b exited: {}", b.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_a_nodes_role_makes_it_self_fence() {
     let sec = SecureEtcd::start(None).await;

@@ -41,6 +41,7 @@ mod security;
 mod view;
 
 pub use approvals::Approval;
+pub use arenas::LegacyArena;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, probe_endpoints};
