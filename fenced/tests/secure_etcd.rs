@@ -552,6 +552,115 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arena_records_of_the_older_layout_are_refused_until_converted() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--arenas", "x,y"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("ctl", None, &["fenced-controller"]).await;
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+    // What an older fenced left: a owns x, y is free.
+    let mut root = sec.client("root").await;
+    for (k, v) in [
+        ("arena_owner/x", "a"),
+        ("arena_node/a/x", ""),
+        ("arena_free/y", ""),
+    ] {
+        root.put(format!("{ROOT}{k}"), v, None).await.unwrap();
+    }
+    let run = |n: &str, extra: &[&str]| {
+        let t0 = Instant::now();
+        let o = fenced()
+            .args(["run", "--fencer", "none", "--node-id", n, "--root", ROOT])
+            .args(["--etcd-endpoints", &ep, "--arenas", "1"])
+            .args(sec.args(n))
+            .args(extra)
+            .env("FENCED_LOG", "error")
+            .output()
+            .unwrap();
+        (o, t0.elapsed())
+    };
+    // An agent refuses to start next to them, naming them and the way out.
+    let (o, took) = run("b", &["--role", "agent"]);
+    assert_one_line(
+        "older layout",
+        &o,
+        took,
+        Duration::from_secs(8),
+        &[
+            "layout before per-node claims",
+            "/sec/arena_owner/x = a",
+            "/sec/arena_free/y",
+            "--seed-arenas",
+        ],
+    );
+    // A node's credentials cannot convert them.
+    let (o, took) = run("b", &["--role", "agent", "--seed-arenas", "x,y"]);
+    assert_one_line(
+        "conversion with a node's credentials",
+        &o,
+        took,
+        Duration::from_secs(8),
+        &["cannot seed", "permission denied"],
+    );
+    let legacy = async |root: &mut etcd_client::Client| {
+        let mut n = 0;
+        for p in ["arena_owner/", "arena_free/"] {
+            let r = root
+                .get(
+                    format!("{ROOT}{p}"),
+                    Some(etcd_client::GetOptions::new().with_prefix()),
+                )
+                .await
+                .unwrap();
+            n += r.kvs().len();
+        }
+        n
+    };
+    assert_eq!(legacy(&mut root).await, 2);
+
+    // The controller converts them at its start: a keeps x, y is free.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c_args = sec.args("ctl");
+    c_args.extend(["--role", "controller", "--seed-arenas", "x,y"].map(str::to_owned));
+    let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || c.log();
+    wait_for(
+        "the conversion",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                s.arenas == [("x".to_owned(), "a".to_owned())] && s.free_arenas == ["y"]
+            })
+        },
+    )
+    .await;
+    assert_eq!(legacy(&mut root).await, 0);
+    // b starts now, and claims y: x is a's.
+    let mut b_args = sec.args("b");
+    b_args.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let logs = || format!("--- b\n{}\n--- ctl\n{}", b.log(), c.log());
+    wait_for("b claimed y", Duration::from_secs(30), logs, async || {
+        ops.status().await.is_ok_and(|s| {
+            s.arenas.contains(&("y".to_owned(), "b".to_owned()))
+                && s.arenas.contains(&("x".to_owned(), "a".to_owned()))
+        })
+    })
+    .await;
+    assert!(b.running(), "b exited: {}", b.log());
+    assert!(c.running(), "ctl exited: {}", c.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_a_nodes_role_makes_it_self_fence() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
