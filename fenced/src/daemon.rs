@@ -162,11 +162,17 @@ pub enum DaemonError {
     },
 }
 
+/// Attempts in a row whose TLS connection the server closed right after accepting it
+/// before `connect` takes it for a refused client certificate (a server going away
+/// closes one attempt's, not every one's).
+const CLOSED_TLS_ATTEMPTS: u32 = 3;
+
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
 /// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
 /// never). Errors other than "unavailable" (bad URL, a TLS file that cannot be read,
-/// a certificate or credentials etcd refuses) are not retried. `etcd`'s TLS files
-/// and credentials replace those of `opts`.
+/// a certificate or credentials etcd refuses) are not retried, nor is a TLS
+/// connection the server closes at once on [`CLOSED_TLS_ATTEMPTS`] attempts in a row.
+/// `etcd`'s TLS files and credentials replace those of `opts`.
 pub async fn connect(
     etcd: &EtcdSettings,
     claim_ttl: Duration,
@@ -180,6 +186,9 @@ pub async fn connect(
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
+    let tls = etcd.endpoints.iter().all(|e| e.starts_with("https://"));
+    // Consecutive attempts whose TLS connection the server closed at once.
+    let mut closed = 0;
     for attempt in 1.. {
         let attempt_fut = EtcdStore::connect_with(&etcd.endpoints, &etcd.root, claim_ttl, opts);
         // A member that accepts TCP and never answers would hold one attempt for the
@@ -201,7 +210,18 @@ pub async fn connect(
             }
             None => attempt_fut.await,
         };
+        closed = match &result {
+            Err(e) if tls && e.is_closed_by_server() => closed + 1,
+            _ => 0,
+        };
         match result {
+            Err(e) if closed >= CLOSED_TLS_ATTEMPTS => {
+                return Err(ConnectError::Refused {
+                    endpoints: eps,
+                    security: etcd.security.describe(),
+                    source: e.into_tls_refused(),
+                });
+            }
             Ok(s) => {
                 if attempt > 1 {
                     tracing::info!(step = "connect", endpoints = %eps, attempt, waited_s = t0.elapsed().as_secs(), "etcd at {eps} answers; starting");

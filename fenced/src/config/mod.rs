@@ -26,7 +26,7 @@ pub use approvals::ApprovalSettings;
 pub use args::{EtcdArgs, FencerKind, Layer, PreemptArg, Role, RunArgs};
 use check::{check_name, check_path, in_range};
 pub use error::ConfigError;
-pub use etcd::EtcdSettings;
+pub use etcd::{EtcdSettings, command_wait};
 #[cfg(test)]
 use file::parse_file;
 pub use file::{file_kind, load_file};

@@ -5,8 +5,9 @@
 //!
 //! - `fenced-node-<n>`, a node agent: exactly its own `membership/<n>`,
 //!   `instance/<n>`, `liveness/<n>`, `departed/<n>`, `fence_pending/<n>`,
-//!   `fence_done/<n>` (the join drops its own stale intent and mark) and `boot/<n>`
-//!   (the join's and a clean leave's boot record), the prefix `arena_node/<n>/`, and
+//!   `fence_done/<n>` (the join drops its own stale intent and mark), `boot/<n>`
+//!   (the join's and a clean leave's boot record), `namespace` (the first join with a
+//!   device records its identity), the prefix `arena_node/<n>/`, and
 //!   for each arena of the deployment (`--arenas`) its own claim key
 //!   `arena_claim/<arena>/<n>`, one grant each: a claim is created only while no key
 //!   of that arena's claim range exists (compared by the claim transaction), so a node
@@ -102,6 +103,10 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId], arenas: &[String]) -> Vec<EtcdRo
             // The join's and the leave's boot record (the restart rules).
             write_key(keys.boot(n)),
             write_prefix(keys.arena_node_prefix(n)),
+            // The first join records the shared namespace's identity (create-only in
+            // the protocol; etcd cannot grant "create only": a node could rewrite it,
+            // which makes fences fail their namespace check, never succeed wrongly).
+            write_key(keys.namespace()),
         ];
         // Its own claim of each arena, and nothing of the arena's other claims.
         grants.extend(arenas.iter().map(|a| write_key(keys.arena_claim(a, n))));
@@ -150,7 +155,8 @@ fn exists(e: &etcd_client::Error) -> bool {
 /// Creates `roles` (adding grants to roles that exist), and for each node role a user
 /// named as the node (no password: its certificate's CN identifies it under
 /// `--client-cert-auth`) holding it; seeds `gen/<node>` = 0 where absent, so agents
-/// need no write on `gen/`, and puts `arenas` into the pool (`arena_pool/<arena>`,
+/// need no write on `gen/` (with `fence_done/<node>` = 0, so the sweep does not fence
+/// a node that has not joined yet), and puts `arenas` into the pool (`arena_pool/<arena>`,
 /// where absent). `client` must be etcd's root (or hold the `root` role).
 pub async fn apply_roles(
     client: &Client,
@@ -191,9 +197,16 @@ pub async fn apply_roles(
             c.user_grant_role(node.as_str(), role.name.clone())
                 .await
                 .map_err(other("user_grant_role"))?;
+            // With the generation, a fence mark at it: a node known to the sweep (by
+            // `gen/`) that is not a member and was never fenced is owed a fence, but
+            // one that never joined has nothing to cut off. Its first join drops the
+            // mark (as any join drops its own stale one).
             let txn = Txn::new()
                 .when(vec![absent(keys.generation(node))])
-                .and_then(vec![TxnOp::put(keys.generation(node), "0", None)]);
+                .and_then(vec![
+                    TxnOp::put(keys.generation(node), "0", None),
+                    TxnOp::put(keys.done(node), "0", None),
+                ]);
             c.txn(txn).await.map_err(other("seed_generation"))?;
         }
     }
@@ -241,6 +254,7 @@ mod tests {
             keys.arena_node(&a, "x"),
             keys.arena_claim("x", &a),
             keys.arena_claim("y", &a),
+            keys.namespace(),
         ] {
             assert!(covers(node_a, &own), "{own}");
         }
