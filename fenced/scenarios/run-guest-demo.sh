@@ -53,6 +53,8 @@ if [[ $tls == 1 ]]; then
   done
   rm -f "$pki/ca-key.pem" "$pki/ca.srl"
   echo "run-guest-demo: TLS: certificates in $pki (CA, server, clients root ops n1..n4)"
+  # Every connection pays a handshake in the emulated guest: allow it more time.
+  export HWTEST_GUEST_TIMEOUT=${HWTEST_GUEST_TIMEOUT:-900}
   extra=(--add "$pki=/etc/fenced-demo-tls" --env FENCED_DEMO_TLS_DIR=/etc/fenced-demo-tls
     --add "$(command -v etcdctl)=/usr/local/bin/etcdctl")
 fi
