@@ -29,8 +29,9 @@ ROOT=/demo
 # keepalive slower; doubled so that no lease expires under load alone.
 TTL=5; TTL4=3
 [ -n "$T" ] && TTL=10 && TTL4=6
-# Likewise a command's TLS connection may take more than its default 5 s to answer.
-[ -n "$T" ] && export FENCED_CONNECT_TIMEOUT_SECS=30
+# A command waits 5 s for etcd by default: the emulated guest on a loaded host (and a
+# TLS handshake more so) can take longer to answer.
+export FENCED_CONNECT_TIMEOUT_SECS=30
 # sec USER: the etcd TLS flags of USER's certificate (nothing in plaintext).
 sec() { if [ -n "$T" ]; then echo "--etcd-ca $T/ca.pem --etcd-cert $T/$1.pem --etcd-key $T/$1-key.pem"; fi; }
 # The operator commands' etcd flags.
