@@ -598,10 +598,7 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         before,
         "b's attempts changed an arena key"
     );
-    assert_eq!(
-        store_b.owned_arenas(&node_b).await.unwrap(),
-        [arena_b.clone()]
-    );
+    assert_eq!(store_b.owned_arenas(&node_b).await.unwrap(), [arena_b]);
     assert!(a.running(), "a exited: {}", a.log());
     assert!(b.running(), "b exited: {}", b.log());
 }
