@@ -2,18 +2,22 @@
 //! record of their last join), 99% of them live members and 1% owed a fence (known, not
 //! a member, never fenced), on a real local etcd. Measures
 //! - the sweep's read (`EtcdStore::sweep_snapshot`): wall time, etcd requests (the
-//!   store's round-trip counter) and bytes of keys and values read;
+//!   store's round-trip counter: one per page of the read) and bytes of keys and
+//!   values read, and of the answers as etcd-client decodes them (protobuf);
 //! - a whole `Controller::sweep_once` that also fences the 1% (`none` fencer):
 //!   wall time and etcd requests;
 //! - steady-state sweeps with nothing owed;
-//! - where the read's time goes, interleaved with the reads above: the same transaction
-//!   issued with etcd-client alone (etcd's work + gRPC + protobuf decode), and the
-//!   same decode the store does into a `SweepSnapshot`, done here on that response with
-//!   fenced's public key parser (`Keys::node_of`); the bytes of keys and values that
-//!   transaction reads.
+//! - where the read's time goes, interleaved with the reads above: the same ranges
+//!   read by one transaction with etcd-client alone (etcd's work + gRPC + protobuf
+//!   decode; the store's read before it was paged, with the answer limit raised so it
+//!   works at 100 000), and the same decode the store does into a `SweepSnapshot`,
+//!   done here on that response with fenced's public key parser (`Keys::node_of`);
+//!   the bytes that transaction reads.
 //!
 //! Quick (default): N = 1 000, 1 repetition. Full (`FENCED_BENCH_FULL=1 cargo bench -p
-//! benches --bench sweep_scale`): N = 1 000 and 10 000, 7 snapshot reads and 5 sweeps.
+//! benches --bench sweep_scale`): N = 1 000, 10 000 and 100 000, 7 snapshot reads and
+//! 5 sweeps. `FENCED_BENCH_READ_PAGE_BYTES` sets the stores' `read_page_bytes`
+//! (default: `StoreOptions`'s, 1 MiB).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,14 +30,14 @@ use fenced::controller::{Controller, ControllerConfig};
 use fenced::core::SweepSnapshot;
 use fenced::fencer::NoneFencer;
 use fenced::keys::Keys;
-use fenced::store::EtcdStore;
+use fenced::store::{EtcdStore, StoreOptions};
 
 /// etcd's default `--max-txn-ops`.
 const MAX_TXN_OPS: usize = 128;
 
 fn main() {
     let sizes: &[usize] = if full_mode() {
-        &[1_000, 10_000]
+        &[1_000, 10_000, 100_000]
     } else {
         &[1_000]
     };
@@ -46,21 +50,53 @@ fn main() {
     }
 }
 
+/// Writes `ops` in transactions of at most [`MAX_TXN_OPS`], 4 in flight.
 async fn put_all(client: &mut Client, ops: Vec<TxnOp>) {
+    let mut batches = Vec::new();
     let mut ops = ops.into_iter().peekable();
     while ops.peek().is_some() {
-        let batch: Vec<TxnOp> = ops.by_ref().take(MAX_TXN_OPS).collect();
-        client
-            .txn(Txn::new().and_then(batch))
-            .await
-            .expect("populate");
+        batches.push(ops.by_ref().take(MAX_TXN_OPS).collect::<Vec<_>>());
     }
+    let batches = Arc::new(std::sync::Mutex::new(batches));
+    let writers: Vec<_> = (0..4)
+        .map(|_| {
+            let (mut client, batches) = (client.clone(), batches.clone());
+            tokio::spawn(async move {
+                loop {
+                    let Some(batch) = batches.lock().expect("lock").pop() else {
+                        return;
+                    };
+                    client
+                        .txn(Txn::new().and_then(batch))
+                        .await
+                        .expect("populate");
+                }
+            })
+        })
+        .collect();
+    for w in writers {
+        w.await.expect("populate");
+    }
+}
+
+/// The one-transaction read may be far larger than etcd-client's default 4 MiB answer
+/// limit (18.7 MB at 100 000 nodes).
+const BARE_ANSWER_LIMIT: usize = 256 << 20;
+
+/// The stores' options: the defaults, with `FENCED_BENCH_READ_PAGE_BYTES` if set.
+fn store_options() -> StoreOptions {
+    let mut opts = StoreOptions::default();
+    if let Ok(v) = std::env::var("FENCED_BENCH_READ_PAGE_BYTES") {
+        opts.read_page_bytes = v.parse().expect("FENCED_BENCH_READ_PAGE_BYTES: bytes");
+    }
+    opts
 }
 
 async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     let root = format!("/bench-sweep-{n}");
     let ep = vec![etcd.endpoint()];
-    let store = EtcdStore::connect(&ep, &root, Duration::from_secs(30))
+    let opts = store_options();
+    let store = EtcdStore::connect_with(&ep, &root, Duration::from_secs(30), &opts)
         .await
         .expect("connect");
     let keys: Keys = store.keys().clone();
@@ -99,6 +135,10 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     let mut copy_lat = Vec::new();
     let mut decode_lat = Vec::new();
     let mut bytes = 0;
+    let mut answer_bytes = 0;
+    let mut bare = client
+        .kv_client()
+        .max_decoding_message_size(BARE_ANSWER_LIMIT);
     for _ in 0..reads {
         let rt0 = store.round_trips();
         let t0 = Instant::now();
@@ -109,7 +149,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         assert_eq!(snap.members.len(), n - owed.len());
 
         let t0 = Instant::now();
-        let resp = client.txn(sweep_txn(&keys)).await.expect("bare sweep txn");
+        let resp = bare.txn(sweep_txn(&keys)).await.expect("bare sweep txn");
         raw_lat.push(t0.elapsed());
         // `op_responses()` deep-copies every key and value (etcd-client 0.21 has no
         // owning accessor); the store calls it once per snapshot.
@@ -130,11 +170,12 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
             .flat_map(kvs)
             .map(|kv| kv.key().len() + kv.value().len())
             .sum::<usize>();
+        answer_bytes = ops.iter().flat_map(kvs).map(encoded_len).sum::<usize>();
     }
 
     // Whole sweeps that each fence the owed 1%: reset the owed nodes' fence marks
     // between sweeps so each sweep has the same work.
-    let ctrl_store = EtcdStore::connect(&ep, &root, Duration::from_secs(30))
+    let ctrl_store = EtcdStore::connect_with(&ep, &root, Duration::from_secs(30), &opts)
         .await
         .expect("connect");
     let mut cfg = ControllerConfig::new("sweeper");
@@ -194,7 +235,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
     println!("sweep_scale[{n}]:   TxnResponse::op_responses() copy {copy}");
     println!("sweep_scale[{n}]:   decode into maps {decode}");
     println!(
-        "sweep_scale[{n}]: snapshot read etcd requests {} (max), bytes of keys+values read {bytes}",
+        "sweep_scale[{n}]: snapshot read etcd requests {} (max), bytes of keys+values read {bytes}, of answers (protobuf) {answer_bytes}",
         max(&read_rts)
     );
     println!(
@@ -206,7 +247,8 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         "sweep_scale[{n}]: steady-state sweep (nothing owed) {idle}; etcd requests {idle_rts} (max)"
     );
     println!(
-        "BENCH sweep_scale n={n} read_p50_ms={:.3} raw_txn_p50_ms={:.3} copy_p50_ms={:.3} decode_p50_ms={:.3} read_requests={} bytes={bytes} sweep_p50_ms={:.3} sweep_requests={} idle_p50_ms={:.3} idle_requests={idle_rts}",
+        "BENCH sweep_scale n={n} page_bytes={} read_p50_ms={:.3} raw_txn_p50_ms={:.3} copy_p50_ms={:.3} decode_p50_ms={:.3} read_requests={} bytes={bytes} answer_bytes={answer_bytes} sweep_p50_ms={:.3} sweep_requests={} idle_p50_ms={:.3} idle_requests={idle_rts}",
+        opts.read_page_bytes,
         read.p50.as_secs_f64() * 1e3,
         raw.p50.as_secs_f64() * 1e3,
         copy.p50.as_secs_f64() * 1e3,
@@ -219,8 +261,10 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
 }
 
 /// The sweep's read as `EtcdStore::sweep_snapshot` issues it (`key_space` with
-/// `Scope::Sweep` in `fenced/src/store/view.rs`): one transaction of ten prefix ranges
-/// and an audit count, with the same options, in the same order.
+/// `Scope::Sweep` in `fenced/src/store/view.rs`) when the key space fits one page: one
+/// transaction of ten prefix ranges and an audit count, with the same options, in the
+/// same order (the store's pages add a limit to each range and, after the first, a
+/// start key and the first page's revision).
 ///
 /// A copy rather than the store's own, because the breakdown needs what the store
 /// keeps private: the transaction before it is sent (to time etcd-client alone) and
@@ -246,6 +290,23 @@ fn sweep_txn(keys: &Keys) -> Txn {
             Some(GetOptions::new().with_prefix().with_count_only()),
         ),
     ])
+}
+
+/// Bytes `kv` takes in a range answer (protobuf `KeyValue` and its framing), as
+/// etcd-client's answer limit counts them.
+fn encoded_len(kv: &KeyValue) -> usize {
+    fn varint(v: u64) -> usize {
+        (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+    }
+    let bytes = |n: usize| if n == 0 { 0 } else { 1 + varint(n as u64) + n };
+    let int = |v: i64| if v == 0 { 0 } else { 1 + varint(v as u64) };
+    let body = bytes(kv.key().len())
+        + bytes(kv.value().len())
+        + int(kv.create_revision())
+        + int(kv.mod_revision())
+        + int(kv.version())
+        + int(kv.lease());
+    1 + varint(body as u64) + body
 }
 
 /// The key-value pairs of one range of the response.

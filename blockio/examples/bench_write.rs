@@ -4,21 +4,33 @@
 //! ```text
 //! bench_write --path FILE --rw randwrite|write --bs 4096 --qd 32 --runtime 5 \
 //!             [--size BYTES] [--engine auto|io_uring|sync] [--dsync] [--no-single-issuer]
-//!             [--registered-buffers]
+//!             [--registered-buffers] [--setup auto|cooperative|plain|sqpoll[:IDLE_MS]]
+//!             [--spin-us N] [--submit auto|with-wait|separate] [--refill batch|eager]
 //! ```
 //! `--registered-buffers` (or `BLOCKIO_BENCH_REGISTERED_BUFFERS=1` in the environment,
 //! so the comparison script runs unchanged) writes from `qd` registered (fixed)
 //! buffers (`Options::registered_buffers`, `WRITE_FIXED`).
 //! The ring is set up for a single issuer with deferred task work, as fio's io_uring
 //! engine sets up its own (`--no-single-issuer` turns that off).
-//! Keeps `qd` writes in flight: every completion is replaced at once, and all
-//! replacements go to the kernel in one submission. Random offsets are uniform over
-//! the `bs`-aligned blocks of the first `size` bytes (default: the whole file/device).
+//! Keeps `qd` writes in flight: every completion is replaced at once. How:
+//! - `--refill batch` (the default): the replacements of all the completions one reap
+//!   returned are queued, and go to the kernel in the same `io_uring_enter` that waits
+//!   for the next completion (one system call per wait);
+//! - `--refill eager`: each replacement is submitted on its own at once, collecting
+//!   whatever finished meanwhile in the same call (fio's pattern with its default
+//!   `iodepth_batch_submit=1`: one system call per I/O).
+//!
+//! `--setup` picks the [`RingSetup`], `--submit` the [`SubmitMode`], and `--spin-us`
+//! sets [`Options::spin_before_wait`] in microseconds. With none of these the driver runs the library's defaults.
+//! `--legacy` is the setting every earlier measurement used (cooperative, single
+//! issuer, batch refill, no spin), kept as a named peer for A/B runs.
+//! Random offsets are uniform over the `bs`-aligned blocks of the first `size` bytes
+//! (default: the whole file/device).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use blockio::{AlignedBuf, Completion, DirectWriter, EngineKind, Options};
+use blockio::{AlignedBuf, Completion, DirectWriter, EngineKind, Options, RingSetup, SubmitMode};
 
 struct Args {
     path: String,
@@ -31,6 +43,10 @@ struct Args {
     dsync: bool,
     single_issuer: bool,
     registered: bool,
+    setup: Option<RingSetup>,
+    spin: Option<Duration>,
+    submit: Option<SubmitMode>,
+    eager: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -45,6 +61,10 @@ fn parse() -> Result<Args, String> {
         dsync: false,
         single_issuer: true,
         registered: std::env::var("BLOCKIO_BENCH_REGISTERED_BUFFERS").is_ok_and(|v| v == "1"),
+        setup: None,
+        spin: None,
+        submit: None,
+        eager: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(k) = it.next() {
@@ -69,6 +89,23 @@ fn parse() -> Result<Args, String> {
             "--dsync" => a.dsync = true,
             "--no-single-issuer" => a.single_issuer = false,
             "--registered-buffers" => a.registered = true,
+            "--setup" => a.setup = Some(v()?.parse()?),
+            "--submit" => a.submit = Some(v()?.parse()?),
+            "--spin-us" => a.spin = Some(Duration::from_micros(num(v()?)?)),
+            "--refill" => {
+                a.eager = match v()?.as_str() {
+                    "batch" => false,
+                    "eager" => true,
+                    other => return Err(format!("--refill {other}: batch or eager")),
+                }
+            }
+            "--legacy" => {
+                a.setup = Some(RingSetup::Cooperative);
+                a.spin = Some(Duration::ZERO);
+                a.submit = Some(SubmitMode::WithWait);
+                a.single_issuer = true;
+                a.eager = false;
+            }
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -97,6 +134,15 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
         .single_issuer(a.single_issuer);
     if a.registered {
         opts = opts.registered_buffers(a.qd, a.bs);
+    }
+    if let Some(setup) = a.setup {
+        opts = opts.ring_setup(setup);
+    }
+    if let Some(mode) = a.submit {
+        opts = opts.submit_mode(mode);
+    }
+    if let Some(spin) = a.spin {
+        opts = opts.spin_before_wait(spin);
     }
     let mut w = DirectWriter::open(&a.path, opts)?;
     let size = a.size.unwrap_or(w.size()).min(w.size());
@@ -136,17 +182,10 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
     let start = Instant::now();
     let deadline = start + a.runtime;
     let mut window: Option<(u64, f64)> = None;
-    loop {
-        if window.is_none() {
-            while let Some(buf) = free.pop() {
-                let off = next_offset(&mut rng);
-                w.submit_write(buf, off, 0).map_err(|r| r.error)?;
-            }
-        }
-        if w.in_flight() == 0 {
-            break;
-        }
-        w.reap(1, &mut done)?;
+    let mut collect = |done: &mut Vec<Completion>,
+                       free: &mut Vec<AlignedBuf>,
+                       window: &mut Option<(u64, f64)>|
+     -> Result<(), blockio::Error> {
         for c in done.drain(..) {
             c.result?;
             ios += 1;
@@ -155,14 +194,34 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
         if window.is_none() {
             let now = Instant::now();
             if now >= deadline {
-                window = Some((ios, (now - start).as_secs_f64()));
+                *window = Some((ios, (now - start).as_secs_f64()));
             }
         }
+        Ok(())
+    };
+    loop {
+        while window.is_none()
+            && let Some(buf) = free.pop()
+        {
+            let off = next_offset(&mut rng);
+            w.submit_write(buf, off, 0).map_err(|r| r.error)?;
+            if a.eager {
+                // Submit this one now, and pick up what finished meanwhile.
+                w.reap(0, &mut done)?;
+                collect(&mut done, &mut free, &mut window)?;
+            }
+        }
+        if w.in_flight() == 0 {
+            break;
+        }
+        w.reap(1, &mut done)?;
+        collect(&mut done, &mut free, &mut window)?;
     }
-    let (ios, secs) = window.unwrap_or((ios, start.elapsed().as_secs_f64()));
+    let ios = window.map_or(ios, |(n, _)| n);
+    let secs = window.map_or_else(|| start.elapsed().as_secs_f64(), |(_, s)| s);
     let iops = ios as f64 / secs;
     Ok(format!(
-        "{{\"tool\":\"blockio\",\"engine\":\"{}\",\"rw\":\"{}\",\"bs\":{},\"qd\":{},\"ios\":{},\"seconds\":{:.3},\"iops\":{:.1},\"bw_bytes\":{:.0},\"fixed_file\":{},\"registered_buffers\":{}}}",
+        "{{\"tool\":\"blockio\",\"engine\":\"{}\",\"rw\":\"{}\",\"bs\":{},\"qd\":{},\"ios\":{},\"seconds\":{:.3},\"iops\":{:.1},\"bw_bytes\":{:.0},\"fixed_file\":{},\"registered_buffers\":{},\"setup\":\"{}\",\"spin_us\":{},\"refill\":\"{}\",\"submit\":\"{}\"}}",
         w.engine(),
         if a.random { "randwrite" } else { "write" },
         a.bs,
@@ -172,7 +231,11 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
         iops,
         iops * a.bs as f64,
         w.uses_fixed_file(),
-        w.registered_buffer_requests() > 0
+        w.registered_buffer_requests() > 0,
+        w.ring_setup().map_or("none".into(), |s| s.to_string()),
+        a.spin.unwrap_or_default().as_micros(),
+        if a.eager { "eager" } else { "batch" },
+        a.submit.unwrap_or_default(),
     ))
 }
 

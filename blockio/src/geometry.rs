@@ -19,6 +19,9 @@ pub(crate) struct Geometry {
     /// Size in bytes of the device, or of the file at open.
     pub size: u64,
     pub block_device: bool,
+    /// A regular file on tmpfs: its direct writes are memory copies (done by io_uring
+    /// in a worker thread), so the CPU, not a device, is the limit.
+    pub tmpfs: bool,
 }
 
 /// Maps the failure of `call` on `path` while learning about it.
@@ -28,6 +31,14 @@ pub(crate) fn probe_err(call: &'static str, path: &Path) -> impl FnOnce(std::io:
 }
 
 /// Learns the direct-I/O alignment and the size of the opened `file`.
+/// Whether a regular file is on tmpfs; only tunes the ring, so a failure is "no".
+fn on_tmpfs(file: &File, path: &Path) -> bool {
+    sys::on_tmpfs(file.as_fd()).unwrap_or_else(|e| {
+        tracing::debug!(path = %path.display(), error = %e, "fstatfs failed; assuming no tmpfs");
+        false
+    })
+}
+
 pub(crate) fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
     let meta = file.metadata().map_err(probe_err("fstat", path))?;
     let ft = meta.file_type();
@@ -53,6 +64,7 @@ pub(crate) fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
             mem_align: mem,
             size,
             block_device: true,
+            tmpfs: false,
         })
     } else if ft.is_file() {
         match dio {
@@ -64,6 +76,7 @@ pub(crate) fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
                     mem_align: mem as usize,
                     size: meta.len(),
                     block_device: false,
+                    tmpfs: on_tmpfs(file, path),
                 })
             }
             DioAlign::Unsupported => Err(Error::DirectIoUnsupported {
@@ -80,6 +93,7 @@ pub(crate) fn learn_geometry(file: &File, path: &Path) -> Result<Geometry> {
                     mem_align: bs,
                     size: meta.len(),
                     block_device: false,
+                    tmpfs: on_tmpfs(file, path),
                 })
             }
             _ => Err(Error::UnknownAlignment {

@@ -50,7 +50,7 @@ mod sys;
 mod writer;
 
 pub use error::{Error, Op, Result};
-pub use options::{DEFAULT_FENCE_PROBE_SETTLE, EngineKind, Options};
+pub use options::{DEFAULT_FENCE_PROBE_SETTLE, EngineKind, Options, RingSetup, SubmitMode};
 #[cfg(feature = "nvme-resv")]
 pub use probe::ReservationProbe;
 pub use probe::{FenceProbe, FenceVerdict, ProbeError};

@@ -41,6 +41,135 @@ impl std::str::FromStr for EngineKind {
     }
 }
 
+/// How the io_uring is set up: who runs a finished request's completion work, and who
+/// submits. Ignored by the synchronous engine.
+///
+/// On a device (a virtio disk here) the time between a request finishing and this
+/// thread seeing it is what limits IOPS at a fixed queue depth; on a CPU-bound target
+/// (tmpfs) the cost per request is. The variants trade these; `benches/README.md`
+/// ("blockio vs fio") has the measurements behind the default.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum RingSetup {
+    /// [`Cooperative`](RingSetup::Cooperative) for a file on tmpfs,
+    /// [`Plain`](RingSetup::Plain) for everything else (block devices, files on disk
+    /// file systems). The default. Measured on a 2-vCPU virtual machine: on a virtio
+    /// disk the plain ring was level with or ahead of the cooperative one (4 KiB random
+    /// writes at queue depth 32: 1.00–1.12×), on tmpfs — where every direct write is a
+    /// memory copy in an io_uring worker thread and each completion would interrupt
+    /// this thread — behind it (0.73–1.00×); CPU per I/O was the same.
+    /// [`DirectWriter::ring_setup`](crate::DirectWriter::ring_setup) reports the choice.
+    #[default]
+    Auto,
+    /// `IORING_SETUP_COOP_TASKRUN | TASKRUN_FLAG` (Linux 5.19): completion work waits
+    /// until this thread enters the kernel, so a running thread is never interrupted
+    /// for it. With [`Options::single_issuer`] also `SINGLE_ISSUER | DEFER_TASKRUN`.
+    Cooperative,
+    /// No task-run flags: completion work interrupts the thread and runs at once (an
+    /// inter-processor interrupt when it runs on another CPU). With
+    /// [`Options::single_issuer`] also `SINGLE_ISSUER`.
+    Plain,
+    /// `IORING_SETUP_SQPOLL`: a kernel thread polls the submission queue (and runs the
+    /// completion work), so submitting costs no system call. It spins on a CPU of its
+    /// own while requests come, and sleeps after `idle_ms` without any. If the kernel
+    /// refuses, the ring is set up [`Plain`](RingSetup::Plain) and
+    /// [`DirectWriter::ring_setup`](crate::DirectWriter::ring_setup) says so.
+    SqPoll {
+        /// Milliseconds without submissions after which the kernel thread sleeps.
+        idle_ms: u32,
+    },
+}
+
+impl std::fmt::Display for RingSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RingSetup::Auto => f.write_str("auto"),
+            RingSetup::Cooperative => f.write_str("cooperative"),
+            RingSetup::Plain => f.write_str("plain"),
+            RingSetup::SqPoll { idle_ms } => write!(f, "sqpoll:{idle_ms}"),
+        }
+    }
+}
+
+impl std::str::FromStr for RingSetup {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(RingSetup::Auto),
+            "cooperative" | "coop" => Ok(RingSetup::Cooperative),
+            "plain" => Ok(RingSetup::Plain),
+            "sqpoll" => Ok(RingSetup::SqPoll { idle_ms: 10 }),
+            other => match other.strip_prefix("sqpoll:").map(str::parse) {
+                Some(Ok(idle_ms)) => Ok(RingSetup::SqPoll { idle_ms }),
+                _ => Err(format!(
+                    "unknown ring setup {other:?} (auto, cooperative, plain, sqpoll[:IDLE_MS])"
+                )),
+            },
+        }
+    }
+}
+
+/// When requests queued with [`submit_write`](crate::DirectWriter::submit_write) reach
+/// the kernel if the caller does not [`submit`](crate::DirectWriter::submit) them
+/// itself: in the `io_uring_enter` that waits for a completion, or in a call of their
+/// own just before it. Ignored by the synchronous engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum SubmitMode {
+    /// [`WithWait`](SubmitMode::WithWait) at a queue depth below
+    /// [`SubmitMode::AUTO_SEPARATE_MIN_QD`], [`Separate`](SubmitMode::Separate) from
+    /// there on. The default.
+    #[default]
+    Auto,
+    /// One system call submits and waits: the fewest calls per request. With few
+    /// requests in flight nothing is likely to finish between the two halves of a
+    /// separate submission, so splitting only adds a call.
+    WithWait,
+    /// A wait first submits without waiting, collecting what finished meanwhile, and
+    /// sleeps in a second call only if nothing did (fio's pattern). With many requests
+    /// in flight something usually did, and its replacement then goes out without a
+    /// sleep and wake-up in between; when nothing did, the wait costs one more call.
+    Separate,
+}
+
+impl SubmitMode {
+    /// The shallowest queue [`SubmitMode::Auto`] submits separately at.
+    pub const AUTO_SEPARATE_MIN_QD: usize = 8;
+
+    /// Whether a writer with this queue depth submits separately.
+    pub(crate) fn separate_at(self, queue_depth: usize) -> bool {
+        match self {
+            SubmitMode::Auto => queue_depth >= Self::AUTO_SEPARATE_MIN_QD,
+            SubmitMode::WithWait => false,
+            SubmitMode::Separate => true,
+        }
+    }
+}
+
+impl std::fmt::Display for SubmitMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SubmitMode::Auto => "auto",
+            SubmitMode::WithWait => "with-wait",
+            SubmitMode::Separate => "separate",
+        })
+    }
+}
+
+impl std::str::FromStr for SubmitMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(SubmitMode::Auto),
+            "with-wait" => Ok(SubmitMode::WithWait),
+            "separate" => Ok(SubmitMode::Separate),
+            other => Err(format!(
+                "unknown submit mode {other:?} (auto, with-wait, separate)"
+            )),
+        }
+    }
+}
+
 /// Default of [`Options::fence_probe_settle`].
 pub const DEFAULT_FENCE_PROBE_SETTLE: Duration = Duration::from_secs(1);
 
@@ -53,6 +182,9 @@ pub struct Options {
     pub(crate) dsync: bool,
     pub(crate) register_file: bool,
     pub(crate) single_issuer: bool,
+    pub(crate) ring_setup: RingSetup,
+    pub(crate) spin_before_wait: Duration,
+    pub(crate) submit_mode: SubmitMode,
     pub(crate) fence_probe: Option<Arc<dyn FenceProbe>>,
     pub(crate) fence_probe_settle: Duration,
     pub(crate) registered_buffers: Option<(usize, usize)>,
@@ -66,6 +198,9 @@ impl Default for Options {
             dsync: false,
             register_file: true,
             single_issuer: false,
+            ring_setup: RingSetup::Auto,
+            spin_before_wait: Duration::ZERO,
+            submit_mode: SubmitMode::Auto,
             fence_probe: None,
             fence_probe_settle: DEFAULT_FENCE_PROBE_SETTLE,
             registered_buffers: None,
@@ -111,12 +246,40 @@ impl Options {
     }
 
     /// Promises that only the thread that opens the writer will use it, so the ring
-    /// is set up with `IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN`
-    /// (Linux 6.1): completion work runs when this thread reaps, not as interrupts.
+    /// is set up with `IORING_SETUP_SINGLE_ISSUER` (Linux 6.0), and with the
+    /// [cooperative](RingSetup::Cooperative) setup also `IORING_SETUP_DEFER_TASKRUN`
+    /// (6.1: completion work runs when this thread reaps, not as interrupts).
     /// Requests from another thread then fail (`EEXIST`). Default off; the benchmark
     /// driver turns it on, as fio does.
     pub fn single_issuer(mut self, single: bool) -> Self {
         self.single_issuer = single;
+        self
+    }
+
+    /// How the io_uring is set up; see [`RingSetup`]. Default [`RingSetup::Auto`].
+    pub fn ring_setup(mut self, setup: RingSetup) -> Self {
+        self.ring_setup = setup;
+        self
+    }
+
+    /// Before a [`reap`](crate::DirectWriter::reap) that has to wait goes to sleep in
+    /// the kernel, it polls for completions for up to this long (each poll a
+    /// non-blocking `io_uring_enter`). A sleeping thread pays a wake-up per completion
+    /// (on a virtual machine, the vCPU's halt and wake-up too), which at a fixed queue
+    /// depth lowers IOPS; polling spends CPU instead, only while requests are in
+    /// flight and only up to this long per wait. Default zero: sleep at once — on a
+    /// shared 2-vCPU machine 20 µs of polling lost IOPS on both a virtio disk and tmpfs
+    /// (where the polling thread takes the CPU the io_uring worker needs to finish the
+    /// write it waits for), at more CPU per I/O; it can pay off only with a CPU to spare.
+    pub fn spin_before_wait(mut self, spin: Duration) -> Self {
+        self.spin_before_wait = spin;
+        self
+    }
+
+    /// When queued requests reach the kernel; see [`SubmitMode`]. Default
+    /// [`SubmitMode::Auto`].
+    pub fn submit_mode(mut self, mode: SubmitMode) -> Self {
+        self.submit_mode = mode;
         self
     }
 

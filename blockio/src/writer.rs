@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::error::{Error, Op, Result};
 use crate::fence::Fence;
 use crate::geometry::{Geometry, learn_geometry, probe_err};
-use crate::options::{EngineKind, Options};
+use crate::options::{EngineKind, Options, RingSetup};
 use crate::req::{Completion, Rejected, Req};
 use crate::sync::SyncEngine;
 use crate::sys::buf::AlignedBuf;
@@ -118,6 +118,13 @@ impl DirectWriter {
             register_file: options.register_file,
             dsync: options.dsync,
             single_issuer: options.single_issuer,
+            setup: match options.ring_setup {
+                RingSetup::Auto if geometry.tmpfs => RingSetup::Cooperative,
+                RingSetup::Auto => RingSetup::Plain,
+                other => other,
+            },
+            spin: options.spin_before_wait,
+            separate_submit: options.submit_mode.separate_at(queue_depth),
             registered_buffers: options.registered_buffers,
             buf_align: geometry.offset_align.max(geometry.mem_align),
         };
@@ -188,6 +195,15 @@ impl DirectWriter {
     /// Whether the io_uring engine uses a registered (fixed) file.
     pub fn uses_fixed_file(&self) -> bool {
         self.fixed_file
+    }
+
+    /// How the io_uring engine's ring is set up (the kernel may have refused the
+    /// [`Options::ring_setup`] asked for); `None` for the synchronous engine.
+    pub fn ring_setup(&self) -> Option<RingSetup> {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => Some(r.setup()),
+            Engine::Sync(_) => None,
+        }
     }
 
     /// Whether the io_uring engine has registered (fixed) buffers to lend
@@ -457,6 +473,15 @@ impl DirectWriter {
         }
     }
 
+    /// How often the ring entered the kernel without waiting (polls) and to wait.
+    #[cfg(test)]
+    pub(crate) fn ring_enters(&self) -> (u64, u64) {
+        match &lock(&self.inner).engine {
+            Engine::Ring(r) => r.enters(),
+            Engine::Sync(_) => (0, 0),
+        }
+    }
+
     /// How many requests reached the kernel so far (io_uring SQEs submitted, or
     /// read/write system calls): lets tests prove that a fenced writer submits nothing.
     pub fn requests_submitted(&self) -> u64 {
@@ -525,6 +550,7 @@ mod tests {
     use std::time::{Duration, Instant};
 
     use super::*;
+    use crate::options::SubmitMode;
     use crate::probe::{FenceProbe, FenceVerdict};
 
     const LEN: u64 = 1 << 20;
@@ -539,11 +565,153 @@ mod tests {
         (dir, path)
     }
 
+    fn base(engine: EngineKind) -> Options {
+        Options::default().engine(engine).queue_depth(8)
+    }
+
     fn open(path: &Path, engine: EngineKind) -> DirectWriter {
-        let w = DirectWriter::open(path, Options::default().engine(engine).queue_depth(8))
-            .expect("open");
+        open_opts(path, base(engine))
+    }
+
+    fn open_opts(path: &Path, opts: Options) -> DirectWriter {
+        let engine = opts.engine;
+        let w = DirectWriter::open(path, opts).expect("open");
         assert_eq!(w.engine(), engine);
         w
+    }
+
+    fn w_geometry_tmpfs(path: &Path) -> bool {
+        open(path, EngineKind::Sync).geometry.tmpfs
+    }
+
+    /// Every way the io_uring engine can be set up and driven, for tests that must hold
+    /// in all of them.
+    fn ring_variants() -> Vec<Options> {
+        let mut v = Vec::new();
+        for setup in [
+            RingSetup::Cooperative,
+            RingSetup::Plain,
+            RingSetup::SqPoll { idle_ms: 10 },
+        ] {
+            for single_issuer in [false, true] {
+                for submit in [SubmitMode::WithWait, SubmitMode::Separate] {
+                    for spin in [Duration::ZERO, Duration::from_micros(50)] {
+                        v.push(
+                            base(EngineKind::IoUring)
+                                .ring_setup(setup)
+                                .single_issuer(single_issuer)
+                                .submit_mode(submit)
+                                .spin_before_wait(spin),
+                        );
+                    }
+                }
+            }
+        }
+        v
+    }
+
+    /// The fencing, short-write and EINTR/EAGAIN rules hold however the ring is set up
+    /// and however it waits: the engine still hands every raw result to the one judge.
+    #[test]
+    fn every_ring_setup_and_wait_keeps_the_judgment() {
+        for opts in ring_variants() {
+            let what = format!(
+                "{} single_issuer={} {} spin={:?}",
+                opts.ring_setup, opts.single_issuer, opts.submit_mode, opts.spin_before_wait
+            );
+            eprintln!("{what}");
+            conflict_fences_and_fails_fast(opts.clone());
+            conflict_among_queued_requests(opts.clone());
+            short_and_interrupted_requests_complete(opts);
+        }
+    }
+
+    /// The setup asked for is the one in use (this kernel accepts all of them), and a
+    /// separate submission is what the submit mode says.
+    #[test]
+    fn ring_setup_and_submit_mode_take_effect() {
+        let (_d, path) = temp_file();
+        for setup in [
+            RingSetup::Cooperative,
+            RingSetup::Plain,
+            RingSetup::SqPoll { idle_ms: 10 },
+        ] {
+            let w = open_opts(&path, base(EngineKind::IoUring).ring_setup(setup));
+            assert_eq!(w.ring_setup(), Some(setup));
+            if matches!(setup, RingSetup::SqPoll { .. }) {
+                // The kernel's polling thread is one of this process's threads; it
+                // names itself once it first runs, which on a loaded machine may be a
+                // moment after the ring was set up.
+                let sqpoll_threads = || {
+                    std::fs::read_dir("/proc/self/task")
+                        .expect("/proc/self/task")
+                        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                        .filter(|comm| comm.starts_with("iou-sqp"))
+                        .count()
+                };
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while sqpoll_threads() == 0 && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                assert!(sqpoll_threads() > 0, "no iou-sqp thread with {setup}");
+            }
+        }
+        assert_eq!(open(&path, EngineKind::Sync).ring_setup(), None);
+        // The default picks by where the file is: plain for a disk file system ...
+        assert!(!w_geometry_tmpfs(&path));
+        let w = open(&path, EngineKind::IoUring);
+        assert_eq!(w.ring_setup(), Some(RingSetup::Plain));
+        drop(w);
+        // ... cooperative on tmpfs.
+        match tempfile::tempdir_in("/dev/shm") {
+            Ok(shm) => {
+                let p = shm.path().join("dev.img");
+                File::create(&p)
+                    .and_then(|f| f.set_len(LEN))
+                    .expect("create");
+                match DirectWriter::open(&p, base(EngineKind::IoUring)) {
+                    Ok(w) => assert_eq!(w.ring_setup(), Some(RingSetup::Cooperative)),
+                    Err(Error::DirectIoUnsupported { .. }) => {
+                        eprintln!("SKIPPED the tmpfs case: no O_DIRECT on tmpfs here")
+                    }
+                    Err(e) => panic!("open on /dev/shm: {e:?}"),
+                }
+            }
+            Err(e) => eprintln!("SKIPPED the tmpfs case: no /dev/shm ({e})"),
+        }
+
+        // A queued write and a wait for it: with a separate submission the first call
+        // into the kernel only submits (a poll), and the wait, if any, comes after.
+        for (mode, qd, separate) in [
+            (SubmitMode::WithWait, 1, false),
+            (SubmitMode::Separate, 32, true),
+            (SubmitMode::Auto, 1, false),
+            (
+                SubmitMode::Auto,
+                SubmitMode::AUTO_SEPARATE_MIN_QD - 1,
+                false,
+            ),
+            (SubmitMode::Auto, SubmitMode::AUTO_SEPARATE_MIN_QD, true),
+            (SubmitMode::Auto, 32, true),
+        ] {
+            let mut w = open_opts(
+                &path,
+                base(EngineKind::IoUring).queue_depth(qd).submit_mode(mode),
+            );
+            let a = w.alignment();
+            w.submit_write(filled(&w, a, 0x5a), 0, 7).expect("submit");
+            let mut out = Vec::new();
+            w.reap(1, &mut out).expect("reap");
+            assert_eq!(out.len(), 1);
+            out[0].result.as_ref().expect("written");
+            let (polls, _waits) = w.ring_enters();
+            assert_eq!(
+                polls > 0,
+                separate,
+                "{mode} at queue depth {qd}: {polls} polls"
+            );
+            assert_eq!(on_disk(&path, 0, a), vec![0x5a; a]);
+        }
     }
 
     fn filled(w: &DirectWriter, len: usize, byte: u8) -> AlignedBuf {
@@ -557,9 +725,10 @@ mod tests {
         data[offset as usize..offset as usize + len].to_vec()
     }
 
-    fn conflict_fences_and_fails_fast(engine: EngineKind) {
+    fn conflict_fences_and_fails_fast(opts: Options) {
+        let engine = opts.engine;
         let (_d, path) = temp_file();
-        let mut w = open(&path, engine);
+        let mut w = open_opts(&path, opts);
         let a = w.alignment();
         let buf = filled(&w, 4 * a, 0x5a);
         w.write_at(&buf, 0).expect("first write");
@@ -603,17 +772,18 @@ mod tests {
 
     #[test]
     fn conflict_fences_and_fails_fast_io_uring() {
-        conflict_fences_and_fails_fast(EngineKind::IoUring);
+        conflict_fences_and_fails_fast(base(EngineKind::IoUring));
     }
 
     #[test]
     fn conflict_fences_and_fails_fast_sync() {
-        conflict_fences_and_fails_fast(EngineKind::Sync);
+        conflict_fences_and_fails_fast(base(EngineKind::Sync));
     }
 
-    fn conflict_among_queued_requests(engine: EngineKind) {
+    fn conflict_among_queued_requests(opts: Options) {
+        let engine = opts.engine;
         let (_d, path) = temp_file();
-        let mut w = open(&path, engine);
+        let mut w = open_opts(&path, opts);
         let a = w.alignment();
         // Requests 0 and 1 are fine, request 2 is refused. Request 3 was queued before
         // the conflict was known on io_uring, so it runs; the synchronous engine
@@ -657,17 +827,17 @@ mod tests {
 
     #[test]
     fn conflict_among_queued_requests_io_uring() {
-        conflict_among_queued_requests(EngineKind::IoUring);
+        conflict_among_queued_requests(base(EngineKind::IoUring));
     }
 
     #[test]
     fn conflict_among_queued_requests_sync() {
-        conflict_among_queued_requests(EngineKind::Sync);
+        conflict_among_queued_requests(base(EngineKind::Sync));
     }
 
-    fn short_and_interrupted_requests_complete(engine: EngineKind) {
+    fn short_and_interrupted_requests_complete(opts: Options) {
         let (_d, path) = temp_file();
-        let mut w = open(&path, engine);
+        let mut w = open_opts(&path, opts);
         let a = w.alignment();
         let buf = filled(&w, 4 * a, 0x77);
 
@@ -716,12 +886,12 @@ mod tests {
 
     #[test]
     fn short_and_interrupted_requests_complete_io_uring() {
-        short_and_interrupted_requests_complete(EngineKind::IoUring);
+        short_and_interrupted_requests_complete(base(EngineKind::IoUring));
     }
 
     #[test]
     fn short_and_interrupted_requests_complete_sync() {
-        short_and_interrupted_requests_complete(EngineKind::Sync);
+        short_and_interrupted_requests_complete(base(EngineKind::Sync));
     }
 
     /// A probe whose answer the test sets, counting its calls (an in-memory fake for

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 
-use blockio::{AlignedBuf, Completion, DirectWriter, EngineKind, Options};
+use blockio::{AlignedBuf, Completion, DirectWriter, EngineKind, Options, RingSetup, SubmitMode};
 use proptest::prelude::*;
 
 const BLOCKS: u64 = 64;
@@ -54,7 +54,12 @@ fn check_all_ok(done: Vec<Completion>) {
 /// Applies `ops` through a writer on `path` with `engine`, and returns what the device
 /// holds afterwards, read back through the writer (queued reads).
 fn apply(path: &Path, engine: EngineKind, ops: &[WriteOp]) -> Vec<u8> {
-    let mut w = DirectWriter::open(path, Options::default().engine(engine).queue_depth(4))
+    apply_with(path, Options::default().engine(engine), engine, ops)
+}
+
+/// [`apply`] with `opts` (its queue depth is set to 4).
+fn apply_with(path: &Path, opts: Options, engine: EngineKind, ops: &[WriteOp]) -> Vec<u8> {
+    let mut w = DirectWriter::open(path, opts.queue_depth(4))
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
     assert_eq!(w.engine(), engine);
     let bs = w.alignment();
@@ -138,8 +143,40 @@ fn model(bs: usize, ops: &[WriteOp]) -> Vec<u8> {
     m
 }
 
-fn engines_agree(a: &Path, b: &Path, ops: &[WriteOp]) -> Result<(), TestCaseError> {
-    let ring = apply(a, EngineKind::IoUring, ops);
+/// Every way the io_uring engine can be set up and wait.
+fn ring_options() -> impl Strategy<Value = Options> {
+    (
+        prop_oneof![
+            Just(RingSetup::Auto),
+            Just(RingSetup::Cooperative),
+            Just(RingSetup::Plain),
+            Just(RingSetup::SqPoll { idle_ms: 10 }),
+        ],
+        any::<bool>(),
+        prop_oneof![
+            Just(SubmitMode::Auto),
+            Just(SubmitMode::WithWait),
+            Just(SubmitMode::Separate),
+        ],
+        prop_oneof![Just(0u64), Just(20)],
+    )
+        .prop_map(|(setup, single_issuer, submit, spin_us)| {
+            Options::default()
+                .engine(EngineKind::IoUring)
+                .ring_setup(setup)
+                .single_issuer(single_issuer)
+                .submit_mode(submit)
+                .spin_before_wait(std::time::Duration::from_micros(spin_us))
+        })
+}
+
+fn engines_agree(
+    a: &Path,
+    b: &Path,
+    ring_opts: Options,
+    ops: &[WriteOp],
+) -> Result<(), TestCaseError> {
+    let ring = apply_with(a, ring_opts, EngineKind::IoUring, ops);
     let sync = apply(b, EngineKind::Sync, ops);
     let bs = ring.len() / BLOCKS as usize;
     prop_assert!(ring == sync, "io_uring and sync contents differ");
@@ -151,11 +188,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn engines_leave_identical_files(ops in prop::collection::vec(write_op(), 1..40)) {
+    fn engines_leave_identical_files(
+        ops in prop::collection::vec(write_op(), 1..40),
+        ring_opts in ring_options(),
+    ) {
         let dir = common::test_dir();
         let a = common::zero_file(dir.path(), "uring.img", 1 << 20);
         let b = common::zero_file(dir.path(), "sync.img", 1 << 20);
-        engines_agree(&a, &b, &ops)?;
+        engines_agree(&a, &b, ring_opts, &ops)?;
         // The files themselves, read without the writer, are identical too.
         prop_assert!(std::fs::read(&a).unwrap() == std::fs::read(&b).unwrap());
     }
@@ -268,9 +308,10 @@ fn engines_leave_identical_loop_devices() {
         ..ProptestConfig::default()
     });
     runner
-        .run(&prop::collection::vec(write_op(), 1..40), |ops| {
-            engines_agree(&la.path, &lb.path, &ops)
-        })
+        .run(
+            &(prop::collection::vec(write_op(), 1..40), ring_options()),
+            |(ops, ring_opts)| engines_agree(&la.path, &lb.path, ring_opts, &ops),
+        )
         .expect("engines agree on loop devices");
     drop((la, lb));
     // The backing files hold the same bytes.

@@ -2,7 +2,16 @@
 //! authoritative sweep, and the driver that runs a [`FenceRun`] against a
 //! [`FenceStore`] (etcd in the product) and a [`Fencer`]. The driver decides nothing:
 //! it performs each [`FenceAction`] the run returns and feeds the outcome back.
+//!
+//! Controllers announce themselves (`controller/live/<id>`, bound to their lease) and
+//! follow each other's presence with one watch ([`Roster`]). From it each decides
+//! alone who acts ([`fence_duty`], [`SweepClock`]): for a death, the first-ranked
+//! controller claims at once and two standbys check once each, later, claiming only
+//! what nobody claimed; the rest leave it to them and to the sweep. One controller
+//! runs the full sweep each period and stamps it; the next in order takes over when
+//! the stamps stop. The claim transaction still decides who fences.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -13,14 +22,17 @@ use tokio::task::JoinSet;
 
 use crate::clock::unix_ms;
 use crate::core::{
-    ClaimOutcome, Confirmation, FenceAction, FenceFailure, FenceRun, FenceState, FenceStep,
-    StepFailure, Trigger, Victim, check_claim_age, plan_sweep,
+    ClaimOutcome, Confirmation, FenceAction, FenceDuty, FenceFailure, FenceRun, FenceState,
+    FenceStep, Roster, StepFailure, SweepClock, SweepDuty, Trigger, Victim, check_claim_age,
+    fence_duty, plan_sweep, standby_verdict,
 };
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::metrics::Observer;
 use crate::node::NodeId;
 use crate::ports::FenceStore;
-use crate::store::{Abort, ClaimGuard, EtcdStore, Finish, StoreError, count_round_trips};
+use crate::store::{
+    Abort, ClaimGuard, EtcdStore, Finish, StoreError, apply_controller_event, count_round_trips,
+};
 
 /// Controller settings.
 #[derive(Debug, Clone)]
@@ -40,10 +52,24 @@ pub struct ControllerConfig {
     pub own_node: Option<NodeId>,
     /// Where fences, sweeps and task health are reported (metrics, `/healthz`).
     pub observer: Observer,
+    /// The lease this controller's presence (`controller/live/<id>`) is bound to: the
+    /// agent's membership lease when both run in one daemon, so the presence goes
+    /// exactly when the membership does. `None`: the controller grants its own lease
+    /// of [`presence_ttl`](Self::presence_ttl) and keeps it alive.
+    pub presence_lease: Option<i64>,
+    /// TTL of the controller's own presence lease (when `presence_lease` is `None`):
+    /// how long a dead controller may still be ranked first for a death (its standbys
+    /// step in after [`standby_step`](Self::standby_step) each).
+    pub presence_ttl: Duration,
+    /// How long the standby of rank `k` waits (`k` × this) before it checks whether
+    /// a death it saw was claimed. Longer than a claim transaction takes; it is added
+    /// to a fence only when the first-ranked controller died unnoticed.
+    pub standby_step: Duration,
 }
 
 impl ControllerConfig {
-    /// Defaults: sweep every 30 s, starting at once; watch from now.
+    /// Defaults: sweep every 30 s, starting at once; watch from now; own presence
+    /// lease of 5 s; standbys 500 ms apart.
     pub fn new(id: impl Into<String>) -> Self {
         Self {
             id: id.into(),
@@ -52,6 +78,9 @@ impl ControllerConfig {
             watch_from: None,
             own_node: None,
             observer: Observer::default(),
+            presence_lease: None,
+            presence_ttl: Duration::from_secs(5),
+            standby_step: Duration::from_millis(500),
         }
     }
 }
@@ -63,10 +92,21 @@ pub struct ControllerStats {
     pub fenced: AtomicU64,
     /// Fence attempts that failed (still owed).
     pub failed: AtomicU64,
-    /// Fences skipped (claimed elsewhere, not owed).
+    /// Fences skipped (claimed elsewhere, not owed, or left to a higher-ranked
+    /// controller: see `left_to_peers`).
     pub skipped: AtomicU64,
-    /// Sweeps completed.
+    /// Deaths seen on the watch and left to higher-ranked controllers: without a
+    /// request (rank 3 and beyond), or after a standby's check found them in hand.
+    pub left_to_peers: AtomicU64,
+    /// Standby checks sent (one small read each).
+    pub standby_checks: AtomicU64,
+    /// etcd round trips of everything done about deaths seen on the watch (standby
+    /// checks, claims, finishing and abort transactions), summed.
+    pub watch_round_trips: AtomicU64,
+    /// Full sweeps completed (each one read of the key space).
     pub sweeps: AtomicU64,
+    /// Sweep ticks left to the period's sweeper.
+    pub sweeps_skipped: AtomicU64,
     /// Watch (re)connections.
     pub watch_starts: AtomicU64,
     /// Compacted-watch restarts.
@@ -84,6 +124,13 @@ pub struct Controller<S: FenceStore = EtcdStore> {
     cfg: ControllerConfig,
     stats: ControllerStats,
     sweep_now: Notify,
+    /// The live controllers, as the presence watch shows them.
+    roster: std::sync::Mutex<Roster>,
+    /// Fences only an operator can complete ([`FenceCause::needs_operator`]): node ->
+    /// the instance id it was attempted with. The sweep leaves these owed without
+    /// trying again until the node's record changes, it is no longer owed, or the
+    /// daemon restarts (one attempt, one audit record, one error line each).
+    needs_operator: std::sync::Mutex<BTreeMap<NodeId, String>>,
 }
 
 /// A transaction whose answer a fail point lost: it committed, the caller sees a
@@ -174,7 +221,26 @@ impl<S: FenceStore> Controller<S> {
             cfg,
             stats: ControllerStats::default(),
             sweep_now: Notify::new(),
+            roster: std::sync::Mutex::new(Roster::default()),
+            needs_operator: std::sync::Mutex::new(BTreeMap::new()),
         })
+    }
+
+    /// The live controllers as this controller sees them.
+    pub fn roster(&self) -> Roster {
+        self.lock_roster().clone()
+    }
+
+    /// Replaces the view of the live controllers (unit tests; the presence watch
+    /// maintains it in the product).
+    pub fn set_roster(&self, roster: Roster) {
+        *self.lock_roster() = roster;
+    }
+
+    fn lock_roster(&self) -> std::sync::MutexGuard<'_, Roster> {
+        self.roster
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Counters.
@@ -213,6 +279,12 @@ impl Controller<EtcdStore> {
                 "controller_watch",
                 move || watcher.clone().watch_loop(),
             ));
+            let present = this.clone();
+            fences.spawn(supervise(
+                this.cfg.observer.clone(),
+                "presence",
+                move || present.clone().presence_loop(),
+            ));
             let leases = this.store.clone();
             fences.spawn(async move {
                 // Keep a fresh spare claim lease ready, so a claim never waits on a grant.
@@ -227,23 +299,156 @@ impl Controller<EtcdStore> {
         })
     }
 
+    /// Sweeps at start (unless `sweep_on_start` is off) and when kicked (a compacted
+    /// watch), whoever sweeps the period; every `sweep_interval` only when the
+    /// [`SweepClock`] says this controller is the period's sweeper.
     async fn sweep_loop(self: Arc<Self>) {
-        if !self.cfg.sweep_on_start {
-            tokio::select! {
-                _ = tokio::time::sleep(self.cfg.sweep_interval) => {}
-                _ = self.sweep_now.notified() => {}
-            }
+        let mut forced = self.cfg.sweep_on_start;
+        if !forced {
+            forced = tokio::select! {
+                _ = tokio::time::sleep(self.cfg.sweep_interval) => false,
+                _ = self.sweep_now.notified() => true,
+            };
         }
+        let mut clock = SweepClock::default();
         loop {
             // Tests stop the sweep task here (`task::sweep=return`) to see it noticed.
             fail::fail_point!("task::sweep", |_| ());
-            match self.sweep_once().await {
-                Ok(r) => tracing::debug!(step = "sweep", ?r, "sweep done"),
-                Err(e) => tracing::warn!(step = "sweep", error = %e, "sweep failed"),
+            let duty = clock.tick(&self.lock_roster(), &self.cfg.id);
+            if forced || duty.sweeps() {
+                if let SweepDuty::SweepStale { ticks } = &duty {
+                    tracing::info!(
+                        step = "sweep",
+                        ticks,
+                        "no other controller stamped a sweep for {ticks} periods: sweeping"
+                    );
+                }
+                match self.sweep_once().await {
+                    Ok(r) => tracing::debug!(step = "sweep", ?r, ?duty, "sweep done"),
+                    Err(e) => tracing::warn!(step = "sweep", error = %e, "sweep failed"),
+                }
+            } else {
+                self.stats.sweeps_skipped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(step = "sweep", ?duty, "sweep left to the period's sweeper");
             }
+            forced = tokio::select! {
+                _ = tokio::time::sleep(self.cfg.sweep_interval) => false,
+                _ = self.sweep_now.notified() => true,
+            };
+        }
+    }
+
+    /// Announces this controller and follows the others' presence (and the sweep
+    /// stamp) into the [`Roster`]. Whenever the watch or the lease fails, the roster
+    /// is marked out of sync (this controller then claims every death at once and
+    /// sweeps every period, as if alone) and the session starts again.
+    async fn presence_loop(self: Arc<Self>) {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let t0 = Instant::now();
+            let why = self.presence_session().await;
+            self.lock_roster().lost_sync();
+            if t0.elapsed() > Duration::from_secs(10) {
+                backoff = Duration::from_millis(100);
+            }
+            if why.is_denied() {
+                // An older role without `controller/`: safe (this controller acts as
+                // if alone), but every death costs a claim more.
+                tracing::warn!(step = "presence", error = %why, "etcd refuses this controller's presence under controller/: run `fenced etcd-roles --apply` again (the controller role writes controller/); until then it claims every death at once and sweeps every period");
+                backoff = Duration::from_secs(60);
+            } else {
+                tracing::warn!(step = "presence", error = %why, ?backoff, "controller presence lost (claiming every death at once and sweeping every period until it is back): retrying");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// One presence session: lease, announce, list, then watch (and keep our own
+    /// lease alive) until something fails; returns why.
+    async fn presence_session(&self) -> StoreError {
+        let closed = |what: &str| StoreError::Unavailable {
+            op: "presence",
+            source: etcd_client::Error::WatchError(what.to_owned()),
+        };
+        let ttl = self.cfg.presence_ttl;
+        let (lease, mut own) = match self.cfg.presence_lease {
+            Some(lease) => (lease, None),
+            None => {
+                let lease = match self.store.grant(ttl).await {
+                    Ok(l) => l,
+                    Err(e) => return e,
+                };
+                match self.store.keep_alive(lease).await {
+                    Ok(k) => (lease, Some(k)),
+                    Err(e) => return e,
+                }
+            }
+        };
+        if let Err(e) = self
+            .store
+            .announce_controller(&self.cfg.id, self.cfg.own_node.as_ref(), lease)
+            .await
+        {
+            return e;
+        }
+        let (roster, revision) = match self.store.roster().await {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let mut stream = match self.store.watch_controllers(revision + 1).await {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        tracing::info!(
+            step = "presence",
+            controllers = roster.len(),
+            "controller presence announced; following {} live controllers",
+            roster.len()
+        );
+        self.set_roster(roster);
+        let own_key = self.store.keys().controller_live(&self.cfg.id);
+        let mut renew = tokio::time::interval((ttl / 3).max(Duration::from_millis(200)));
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let keeping = own.is_some();
+        loop {
             tokio::select! {
-                _ = tokio::time::sleep(self.cfg.sweep_interval) => {}
-                _ = self.sweep_now.notified() => {}
+                msg = stream.message() => {
+                    let msg = match msg {
+                        Ok(Some(m)) => m,
+                        Ok(None) => return closed("presence watch closed"),
+                        Err(e) => return StoreError::classify("watch", e),
+                    };
+                    if msg.canceled() {
+                        return closed("presence watch canceled (compacted?)");
+                    }
+                    let mut roster = self.lock_roster();
+                    for ev in msg.events() {
+                        apply_controller_event(self.store.keys(), &mut roster, ev);
+                        let ours = ev.kv().is_some_and(|kv| kv.key() == own_key.as_bytes());
+                        if ours && ev.event_type() == EventType::Delete {
+                            return closed("our presence key was deleted");
+                        }
+                    }
+                }
+                answer = async {
+                    match &mut own {
+                        Some((_, answers)) => answers.message().await,
+                        None => std::future::pending().await,
+                    }
+                } => match answer {
+                    Ok(Some(a)) if a.ttl() > 0 => {}
+                    Ok(Some(_)) => return closed("presence lease expired"),
+                    Ok(None) => return closed("presence keepalive stream closed"),
+                    Err(e) => return StoreError::classify("lease_keep_alive", e),
+                },
+                _ = renew.tick(), if keeping => {
+                    if let Some((keeper, _)) = &mut own
+                        && let Err(e) = keeper.keep_alive().await
+                    {
+                        return StoreError::classify("lease_keep_alive", e);
+                    }
+                }
             }
         }
     }
@@ -342,12 +547,7 @@ impl Controller<EtcdStore> {
                     tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = deleted_rev, "membership DELETE");
                     let this = self.clone();
                     fences.spawn(async move {
-                        this.fence(
-                            Victim { node, instance },
-                            Trigger::Watch,
-                            ClaimGuard::Watch { deleted_rev },
-                        )
-                        .await;
+                        this.on_delete(Victim { node, instance }, deleted_rev).await;
                     });
                 }
                 while fences.try_join_next().is_some() {}
@@ -359,13 +559,90 @@ impl Controller<EtcdStore> {
 
 impl<S: FenceStore> Controller<S> {
     /// One authoritative sweep: one range-read transaction, then the owed fences
-    /// (concurrently).
+    /// (concurrently), then the stamp that tells the other controllers a sweep ran.
     pub async fn sweep_once(self: &Arc<Self>) -> Result<SweepReport, StoreError> {
         let t0 = Instant::now();
         let mut seen = None;
         let r = self.sweep_run(&mut seen).await;
         self.cfg.observer.sweep_done(t0.elapsed(), r.is_ok(), seen);
+        if r.is_ok()
+            && let Err(e) = self.store.stamp_sweep(&self.cfg.id).await
+        {
+            // The next in the sweep order takes over after a few periods; harmless.
+            tracing::warn!(step = "sweep", error = %e, "stamping the sweep failed");
+        }
         r
+    }
+
+    /// A membership DELETE at `deleted_rev` seen on the watch: what [`fence_duty`]
+    /// says this controller does about it. `None`: left to a higher-ranked
+    /// controller (and, should it fail, to the sweep).
+    pub async fn on_delete(&self, victim: Victim, deleted_rev: i64) -> Option<FenceState> {
+        let duty = fence_duty(
+            &self.lock_roster(),
+            &self.cfg.id,
+            &victim.node,
+            self.cfg.standby_step,
+        );
+        let (state, rts) = count_round_trips(self.act_on_delete(duty, victim, deleted_rev)).await;
+        self.stats
+            .watch_round_trips
+            .fetch_add(rts, Ordering::Relaxed);
+        state
+    }
+
+    async fn act_on_delete(
+        &self,
+        duty: FenceDuty,
+        victim: Victim,
+        deleted_rev: i64,
+    ) -> Option<FenceState> {
+        let guard = ClaimGuard::Watch { deleted_rev };
+        let left = |why: &dyn std::fmt::Display| {
+            tracing::info!(step = "watch_delete", node = %victim.node, ?duty, "left to peers: {why}");
+            self.stats.left_to_peers.fetch_add(1, Ordering::Relaxed);
+            self.stats.skipped.fetch_add(1, Ordering::Relaxed);
+        };
+        match duty {
+            FenceDuty::Claim => {}
+            FenceDuty::LeaveToPeers { rank } => {
+                left(&format_args!("ranked {rank}"));
+                return None;
+            }
+            FenceDuty::Standby { rank, after } => {
+                tokio::time::sleep(after).await;
+                self.stats.standby_checks.fetch_add(1, Ordering::Relaxed);
+                // A check waiting on a member that stopped answering must not hold the
+                // fence up: past one step it is doubt, and doubt claims.
+                let check = tokio::time::timeout(
+                    self.cfg.standby_step,
+                    self.store.fence_check(&victim.node),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(StoreError::Unavailable {
+                        op: "fence_check",
+                        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
+                            format!("no answer within {:?}", self.cfg.standby_step),
+                        )),
+                    })
+                });
+                match check {
+                    Ok(check) => {
+                        if let Err(why) = standby_verdict(&check, deleted_rev) {
+                            left(&format_args!("standby of rank {rank}: {why}"));
+                            return None;
+                        }
+                        tracing::warn!(step = "watch_delete", node = %victim.node, rank, waited = ?after, "nobody claimed this death: the standby claims it");
+                    }
+                    // Doubt claims: the claim transaction is the arbiter.
+                    Err(e) => {
+                        tracing::warn!(step = "watch_delete", node = %victim.node, rank, error = %e, "standby check failed: claiming");
+                    }
+                }
+            }
+        }
+        Some(self.fence(victim, Trigger::Watch, guard).await)
     }
 
     async fn sweep_run(
@@ -387,8 +664,16 @@ impl<S: FenceStore> Controller<S> {
             }
         }
         let mut set = JoinSet::new();
+        self.lock_needs_operator()
+            .retain(|node, _| plan.fence.iter().any(|o| o.victim.node == *node));
         for owed in plan.fence {
             if self.cfg.own_node.as_ref() == Some(&owed.victim.node) {
+                continue;
+            }
+            let instance = checked_instance(owed.victim.clone()).instance;
+            if self.lock_needs_operator().get(&owed.victim.node) == Some(&instance) {
+                tracing::debug!(step = "sweep", node = %owed.victim.node, "fence owed, waiting for an operator (not retried)");
+                report.not_completed += 1;
                 continue;
             }
             let this = self.clone();
@@ -414,6 +699,12 @@ impl<S: FenceStore> Controller<S> {
         }
         self.stats.sweeps.fetch_add(1, Ordering::Relaxed);
         Ok(report)
+    }
+
+    fn lock_needs_operator(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, String>> {
+        self.needs_operator
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     async fn claim_with_retry(
@@ -464,6 +755,11 @@ impl<S: FenceStore> Controller<S> {
             return Err(failed(FenceStep::Sever, failure));
         }
         let r = fencer.fence(victim).await.map_err(|e| {
+            if e.cause.needs_operator() {
+                tracing::error!(step = "sever", node = %victim.node, error = %e.cause, "this fence needs an operator: it stays owed and this controller does not retry it until the node's record changes (see the error for what to do; `fenced check` turns CRITICAL while it is owed)");
+                self.lock_needs_operator()
+                    .insert(victim.node.clone(), victim.instance.clone());
+            }
             failed(
                 e.step,
                 FenceFailure::Fencer {
@@ -1046,6 +1342,136 @@ mod tests {
             "{state:?}"
         );
         assert!(!store.owed(&n("n2")) && !store.claimed(&n("n2")));
+    }
+
+    /// Controllers `c0..c4` in view; `ranked[k]` is the id of rank `k` for `victim`.
+    fn ranked(victim: &str) -> (Roster, Vec<String>) {
+        let roster = Roster::listed((0..5).map(|i| (format!("c{i}"), None)), None);
+        let mut ids: Vec<String> = (0..5).map(|i| format!("c{i}")).collect();
+        ids.sort_by_key(|id| roster.fence_rank(id, &n(victim)));
+        (roster, ids)
+    }
+
+    fn ranked_controller(
+        store: &MemStore,
+        fencer: &Arc<Scripted>,
+        roster: &Roster,
+        id: &str,
+    ) -> Arc<Controller<MemStore>> {
+        let mut cfg = ControllerConfig::new(id);
+        cfg.standby_step = Duration::from_millis(1);
+        let c = Controller::new(store.clone(), fencer.clone() as Arc<dyn Fencer>, cfg);
+        c.set_roster(roster.clone());
+        c
+    }
+
+    #[tokio::test]
+    async fn only_the_first_rank_claims_a_death_and_its_standbys_only_check() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (roster, ids) = ranked("n1");
+        let ctls: Vec<_> = ids
+            .iter()
+            .map(|id| ranked_controller(&store, &fencer, &roster, id))
+            .collect();
+        let first = ctls[0].on_delete(victim("n1"), deleted_rev).await;
+        assert_eq!(first, Some(FenceState::Fenced { generation: 1 }));
+        for c in &ctls[1..] {
+            assert_eq!(c.on_delete(victim("n1"), deleted_rev).await, None);
+        }
+        assert_eq!(store.calls("claim"), 1, "one claim transaction");
+        assert_eq!(store.calls("fence_check"), 2, "ranks 1 and 2 checked");
+        assert_eq!((fencer.calls(), store.generation(&n("n1"))), (1, 1));
+        let left: u64 = ctls
+            .iter()
+            .map(|c| c.stats().left_to_peers.load(Ordering::SeqCst))
+            .sum();
+        assert_eq!(left, 4);
+        assert_eq!(ctls[1].stats().standby_checks.load(Ordering::SeqCst), 1);
+        assert_eq!(ctls[3].stats().standby_checks.load(Ordering::SeqCst), 0);
+    }
+
+    #[tokio::test]
+    async fn a_standby_claims_a_death_nobody_claimed() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (roster, ids) = ranked("n1");
+        // The first rank never acts (dead, still announced).
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        let third = ranked_controller(&store, &fencer, &roster, &ids[2]);
+        assert_eq!(
+            second.on_delete(victim("n1"), deleted_rev).await,
+            Some(FenceState::Fenced { generation: 1 })
+        );
+        assert_eq!(third.on_delete(victim("n1"), deleted_rev).await, None);
+        assert_eq!((store.calls("claim"), store.calls("fence_check")), (1, 2));
+        assert_eq!(store.generation(&n("n1")), 1);
+    }
+
+    #[tokio::test]
+    async fn a_standby_whose_check_fails_claims() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (roster, ids) = ranked("n1");
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        store.fail_next("fence_check", 1);
+        assert_eq!(
+            second.on_delete(victim("n1"), deleted_rev).await,
+            Some(FenceState::Fenced { generation: 1 })
+        );
+    }
+
+    #[tokio::test]
+    async fn a_standby_leaves_a_claim_in_hand_and_a_departure() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let (roster, ids) = ranked("n1");
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        let deleted_rev = dead(&store, "n1");
+        store.hold_claim(&n("n1"), "elsewhere");
+        assert_eq!(second.on_delete(victim("n1"), deleted_rev).await, None);
+        store.join(&n("n2"), "i-n2");
+        let deleted_rev = store.mark_departed(&n("n2"));
+        let (roster, ids) = ranked("n2");
+        let second = ranked_controller(&store, &fencer, &roster, &ids[1]);
+        assert_eq!(second.on_delete(victim("n2"), deleted_rev).await, None);
+        assert_eq!(store.calls("claim"), 0);
+        assert_eq!(fencer.calls(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_controller_whose_view_is_out_of_sync_claims_at_once() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let deleted_rev = dead(&store, "n1");
+        let (mut roster, ids) = ranked("n1");
+        roster.lost_sync();
+        let last = ranked_controller(&store, &fencer, &roster, &ids[4]);
+        assert_eq!(
+            last.on_delete(victim("n1"), deleted_rev).await,
+            Some(FenceState::Fenced { generation: 1 })
+        );
+        assert_eq!(store.calls("fence_check"), 0);
+    }
+
+    #[tokio::test]
+    async fn a_sweep_is_stamped_and_a_failed_stamp_fails_nothing() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let c = controller(&store, &fencer);
+        dead(&store, "n1");
+        assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
+        assert_eq!(store.state().sweep_stamps, ["c1"]);
+        store.fail_next("stamp_sweep", 1);
+        assert!(c.sweep_once().await.is_ok());
+        assert_eq!(store.state().sweep_stamps, ["c1"]);
+        // A failed sweep is not stamped.
+        store.fail_next("sweep_snapshot", 1);
+        assert!(c.sweep_once().await.is_err());
+        assert_eq!(store.state().sweep_stamps, ["c1"]);
     }
 
     #[tokio::test]

@@ -152,6 +152,9 @@ pub enum DaemonError {
         #[source]
         source: fenced::instance::InvalidInstanceId,
     },
+    /// `--on-fence reboot` could not reboot this host (the SysRq trigger).
+    #[error("{why}")]
+    OnFence { why: String },
     #[error("cannot use watchdog {}: {why}", path.display())]
     Watchdog { path: PathBuf, why: String },
     #[error("cannot install the {signal} handler: {source}")]
@@ -160,6 +163,34 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    /// etcd refuses writes (a raised alarm): no join, claim or bump could be recorded.
+    #[error("refusing to start: {what}")]
+    EtcdSpace { what: String },
+}
+
+/// etcd's history and space, checked once at start (fenced::store::space; README
+/// "etcd compaction and quota"): a raised alarm refuses the start, as every write
+/// (a fence's too) would fail; anything else is one warning line. A check that cannot
+/// run is a warning, never a refusal.
+async fn check_etcd_space(store: &EtcdStore) -> Result<(), DaemonError> {
+    use fenced::store::{HISTORY_WARNING_REVISIONS, SpaceLevel, judge_space};
+    match store.space_report().await {
+        Ok(r) => {
+            let findings = judge_space(&r, HISTORY_WARNING_REVISIONS);
+            if let Some(f) = findings.iter().find(|f| f.level == SpaceLevel::Error) {
+                return Err(DaemonError::EtcdSpace {
+                    what: f.text.clone(),
+                });
+            }
+            for f in findings {
+                tracing::warn!(step = "etcd_space", "{}", f.text);
+            }
+        }
+        Err(e) => {
+            tracing::warn!(step = "etcd_space", error = %e, "cannot check etcd's history and space (README: etcd compaction and quota)");
+        }
+    }
+    Ok(())
 }
 
 /// Attempts in a row whose TLS connection the server closed right after accepting it
@@ -451,7 +482,7 @@ fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
 /// Runs the daemon until it leaves (SIGTERM, SIGINT, `fenced leave`) or self-fences.
 ///
 /// Order: everything that can be refused is checked or set up (instance id, watchdog,
-/// pid file, control socket, device, etcd connection, EBS client) before the first
+/// the SysRq trigger of `--on-fence reboot`, pid file, control socket, device, etcd connection, EBS client) before the first
 /// etcd write (`--seed-arenas`, then the join).
 pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     use tokio::signal::unix::{SignalKind, signal};
@@ -483,6 +514,10 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     }
     if let Some(w) = &s.watchdog_device {
         check_watchdog(w)?;
+    }
+    if s.on_fence.action == fenced::agent::OnFence::Reboot {
+        fenced::agent::check_reboot(&s.on_fence.sysrq_trigger)
+            .map_err(|why| DaemonError::OnFence { why })?;
     }
     let pid_file = match &s.pid_file {
         Some(p) => Some(PidFile::create(p, s.control_socket.as_deref())?),
@@ -530,6 +565,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             return Ok(ExitCode::SUCCESS);
         }
     };
+    check_etcd_space(&store).await?;
     let node = s.node;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
     // The restart rule, before this daemon writes anything (see fenced::agent::boot).
@@ -599,6 +635,8 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     ccfg.sweep_interval = s.sweep;
     ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
     ccfg.observer = observer.clone();
+    // A controller alone keeps its own presence lease, as long-lived as a membership.
+    ccfg.presence_ttl = s.ttl;
     let _watchdog = notifier.watchdog().map(|wd| {
         AbortOnDrop(tokio::spawn(watchdog_loop(
             notifier.clone(),
@@ -631,6 +669,9 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         Err(AgentError::KeyRemovedSameBoot(e)) => return Ok(key_removed_same_boot(&e)),
         r => r.map_err(|source| DaemonError::Agent { source })?,
     };
+    // The controller's presence goes with our membership: a dead daemon is never
+    // ranked first for a death for longer than its membership outlives it.
+    ccfg.presence_lease = Some(agent.lease());
     let controller = (s.role == Role::Both).then(|| Controller::new(store, fencer, ccfg).spawn());
     // Joined, unfenced, arenas claimed: ready.
     observer.ready(format!(

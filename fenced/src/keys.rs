@@ -12,11 +12,16 @@
 //!                                     under arena_claim/<arena>/ exists (one owner)
 //! <root>/arena_node/<node>/<arena>    index: arenas a node owns (one range read)
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
-//! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin
+//! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin;
+//!                                     written at start, refreshed every 30 s
 //! <root>/instance/<node>              instance id the node last joined with
 //! <root>/boot/<node>                  JSON: boot id and generation of the last join
 //! <root>/namespace                    create-only, JSON identity of the shared
 //!                                     namespace (NGUID, EUI-64, subsystem NQN)
+//! <root>/controller/live/<id>         a running controller's presence, bound to its
+//!                                     lease; value = the node it runs on (may be empty)
+//! <root>/controller/sweep_done        id of the controller that last completed a full
+//!                                     sweep (its mod revision dates the sweep)
 //! ```
 //!
 //! An arena is free when it is in the pool and no claim names it. A claim key names
@@ -27,6 +32,9 @@
 //! named those keys by arena only, so every node had to write every arena's; such
 //! records are converted by `--seed-arenas` and refused by `fenced run` otherwise
 //! (`crate::store::arenas`).
+//!
+//! `controller/` is read by the controllers only (one watch each): it orders who
+//! claims a death first and who sweeps (`core::Roster`), never who may.
 //!
 //! Everything read back from etcd is decoded by the functions here (`decode_*` and
 //! the key parsers), each returning a typed [`Malformed`] instead of guessing: a value
@@ -247,6 +255,15 @@ pub struct AuditKey {
     pub failed_unix_ms: Option<u64>,
 }
 
+/// A key under `controller/`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ControllerKey {
+    /// `controller/live/<id>`.
+    Live(String),
+    /// `controller/sweep_done`.
+    SweepDone,
+}
+
 /// The key layout under one root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Keys {
@@ -314,7 +331,9 @@ impl Keys {
 
     node_key!(
         /// `liveness/<node>`: the lease the agent renews, its TTL and self-fence margin
-        /// (`core::attest::LivenessRecord`, JSON), rewritten at each renewal.
+        /// (`core::attest::LivenessRecord`, JSON), written when the agent starts and
+        /// refreshed every 30 s (older versions: at each renewal). The lease, not this
+        /// record, proves the node alive.
         liveness, liveness_prefix, "liveness"
     );
 
@@ -331,6 +350,42 @@ impl Keys {
         /// moved past it was fenced since: it is refused (`crate::agent::boot`).
         boot, boot_prefix, "boot"
     );
+
+    /// `controller/`: presence of the controllers and the sweep stamp (one watch).
+    pub fn controller_prefix(&self) -> String {
+        format!("{}controller/", self.root)
+    }
+    /// `controller/live/<id>`: controller `id` runs (lease-bound).
+    pub fn controller_live(&self, id: &str) -> String {
+        format!("{}controller/live/{id}", self.root)
+    }
+    /// `controller/sweep_done`: who completed the last full sweep.
+    pub fn sweep_done(&self) -> String {
+        format!("{}controller/sweep_done", self.root)
+    }
+
+    /// What a key under `controller/` is. Controller ids may contain `/` (they are
+    /// `<node>/<instance>`): everything after `live/` is the id.
+    pub fn decode_controller_key(&self, key: &[u8]) -> Result<ControllerKey, Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(&self.controller_prefix())
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        if rest == "sweep_done" {
+            return Ok(ControllerKey::SweepDone);
+        }
+        let id = rest
+            .strip_prefix("live/")
+            .ok_or(Malformed::MissingSegment {
+                what: "controller id",
+            })?;
+        if id.is_empty() {
+            return Err(Malformed::MissingSegment {
+                what: "controller id",
+            });
+        }
+        decode_id_text("controller id", id.as_bytes()).map(ControllerKey::Live)
+    }
 
     /// `arena_pool/<arena>`: the arena exists (free when no claim names it).
     pub fn arena_pool(&self, arena: &str) -> String {
@@ -506,6 +561,32 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn controller_keys_parse_back() {
+        let k = Keys::new("/fenced");
+        assert_eq!(
+            k.controller_live("n1/i-1"),
+            "/fenced/controller/live/n1/i-1"
+        );
+        assert_eq!(
+            k.decode_controller_key(k.controller_live("n1/i-1").as_bytes()),
+            Ok(ControllerKey::Live("n1/i-1".into()))
+        );
+        assert_eq!(
+            k.decode_controller_key(k.sweep_done().as_bytes()),
+            Ok(ControllerKey::SweepDone)
+        );
+        assert!(k.sweep_done().starts_with(&k.controller_prefix()));
+        for bad in [
+            "/fenced/controller/live/",
+            "/fenced/controller/other",
+            "/fenced/controller/live/a b",
+            "/fenced/membership/n1",
+        ] {
+            assert!(k.decode_controller_key(bad.as_bytes()).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn layout_and_parse_back() {

@@ -44,7 +44,7 @@ enum Cmd {
     Audit(ops::audit::AuditArgs),
     /// Monitoring-plugin check, one summary line: exit 0 OK, 1 WARNING, 2 CRITICAL,
     /// 3 UNKNOWN (owed fences older than a threshold, members missing, etcd endpoints
-    /// out of rotation, malformed records).
+    /// out of rotation, malformed records, etcd alarms, history never compacted).
     Check(ops::check::CheckArgs),
     /// From this host: read one block of the shared device and write the same bytes
     /// back with O_DIRECT (blockio), so the data is unchanged, and, optionally, one

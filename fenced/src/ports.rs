@@ -14,13 +14,15 @@ pub mod mem;
 use std::future::Future;
 use std::time::Duration;
 
-use crate::core::{BumpOutcome, ClaimOutcome, SweepSnapshot, Victim};
+use crate::core::{BumpOutcome, ClaimOutcome, FenceCheck, SweepSnapshot, Victim};
 use crate::node::NodeId;
 use crate::store::{Abort, BootRecord, ClaimGuard, EtcdStore, Finish, StoreError};
 
-/// The store operations of the fence path (`claim` → Fencer → `finish` or `abort`) and
-/// of the sweep (`sweep_snapshot`, `drop_stale`). Every method is one etcd transaction
-/// in [`EtcdStore`] (retried inside when its answer is lost).
+/// The store operations of the fence path (`claim` → Fencer → `finish` or `abort`), of
+/// the sweep (`sweep_snapshot`, `drop_stale`, `stamp_sweep`) and of a standby
+/// (`fence_check`). Every method is one etcd transaction in [`EtcdStore`] (retried
+/// inside when its answer is lost), except `sweep_snapshot` past ~1,300 nodes: pages
+/// read at one revision.
 pub trait FenceStore: Clone + Send + Sync + std::fmt::Debug + 'static {
     /// TTL of the (never renewed) lease a claim is bound to.
     fn claim_ttl(&self) -> Duration;
@@ -57,6 +59,16 @@ pub trait FenceStore: Clone + Send + Sync + std::fmt::Debug + 'static {
     fn sweep_snapshot(
         &self,
     ) -> impl Future<Output = Result<(SweepSnapshot, i64), StoreError>> + Send;
+
+    /// A standby's check of `node` before claiming its death: claim held, fence mark,
+    /// departure marker, membership (one small read).
+    fn fence_check(
+        &self,
+        node: &NodeId,
+    ) -> impl Future<Output = Result<FenceCheck, StoreError>> + Send;
+
+    /// Stamps a completed full sweep by controller `id` (`controller/sweep_done`).
+    fn stamp_sweep(&self, id: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// The store operations of the agent's leave, after quiescence: return our arenas,
@@ -144,5 +156,13 @@ impl FenceStore for EtcdStore {
 
     async fn sweep_snapshot(&self) -> Result<(SweepSnapshot, i64), StoreError> {
         EtcdStore::sweep_snapshot(self).await
+    }
+
+    async fn fence_check(&self, node: &NodeId) -> Result<FenceCheck, StoreError> {
+        EtcdStore::fence_check(self, node).await
+    }
+
+    async fn stamp_sweep(&self, id: &str) -> Result<(), StoreError> {
+        EtcdStore::stamp_sweep(self, id).await
     }
 }

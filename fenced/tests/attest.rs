@@ -276,7 +276,7 @@ fn a_dead_daemon_is_fenced_once_and_a_second_attest_changes_nothing() {
         (record["ttl_ms"].as_u64(), record["margin_ms"].as_u64()),
         (Some(2000), Some(4000))
     );
-    // (Its agent writes liveness every TTL/3: the revision moves on its own here.)
+    // (Its agent refreshes the record every 30 s, so the revision may move here.)
     let o = attest(&etcd, "n1", &["--force"]);
     assert!(!o.status.success());
     assert!(

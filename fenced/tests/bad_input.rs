@@ -422,6 +422,36 @@ fn run_refuses_settings_that_cannot_work_before_the_first_etcd_write() {
             "it is a directory, not a watchdog character device",
         ),
         (
+            "reboot without a SysRq trigger",
+            vec![
+                "--on-fence".into(),
+                "reboot".into(),
+                "--sysrq-trigger-file".into(),
+                s(&fx.path("no-sysrq")),
+            ],
+            "cannot use --on-fence reboot",
+        ),
+        (
+            "reboot on a FIFO",
+            vec![
+                "--on-fence".into(),
+                "reboot".into(),
+                "--sysrq-trigger-file".into(),
+                s(&fx.fifo),
+            ],
+            "is a FIFO, not the SysRq trigger",
+        ),
+        (
+            "reboot on a directory",
+            vec![
+                "--on-fence".into(),
+                "reboot".into(),
+                "--sysrq-trigger-file".into(),
+                s(fx.dir.path()),
+            ],
+            "is a directory, not the SysRq trigger",
+        ),
+        (
             "nvme on a regular file",
             vec![
                 "--fencer".into(),
@@ -1204,4 +1234,52 @@ fn leave_while_waiting_for_etcd_ends_the_wait() {
     assert!(!pid_file.exists() && !sock.exists());
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("leave requested before joining"), "{text}");
+}
+
+/// `--on-fence reboot` where the SysRq trigger is read-only (what the shipped unit's
+/// `ProtectKernelTunables=yes` does to `/proc/sysrq-trigger`) is refused at start, before
+/// etcd is written, not found out when the host must go down. Runs in its own mount
+/// namespace (`unshare --mount`) to bind the file read-only.
+#[test]
+fn reboot_on_a_read_only_sysrq_trigger_is_refused_at_start() {
+    let fx = Fixture::new();
+    let etcd = Etcd::start();
+    let sysrq = fx.file("sysrq-trigger", b"");
+    let probe = Command::new("unshare").args(["--mount", "true"]).status();
+    if !probe.is_ok_and(|s| s.success()) {
+        eprintln!("skipped: unshare --mount is not permitted here");
+        return;
+    }
+    let before = revision(&etcd.endpoint());
+    let args = run_args(
+        &etcd,
+        &[
+            "--on-fence",
+            "reboot",
+            "--sysrq-trigger-file",
+            sysrq.to_str().unwrap(),
+        ],
+    );
+    let mut c = Command::new("unshare");
+    c.args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(r#"mount --bind -o ro "$1" "$1" && shift && exec "$@""#)
+        .arg("sh")
+        .arg(&sysrq)
+        .arg(env!("CARGO_BIN_EXE_fenced"))
+        .args(&args)
+        .env_remove("FENCED_LOG")
+        .env_remove("FENCED_CONFIG")
+        .stdin(Stdio::null());
+    let r = run(c, fx.dir.path());
+    assert_refused(
+        "reboot on a read-only trigger",
+        &r,
+        "for writing: Read-only file system",
+    );
+    assert_eq!(revision(&etcd.endpoint()), before, "etcd was written");
+    assert_eq!(
+        std::fs::read(&sysrq).unwrap(),
+        b"",
+        "the trigger was written"
+    );
 }

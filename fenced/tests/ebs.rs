@@ -687,6 +687,55 @@ async fn a_node_registered_with_a_wrong_instance_id_stays_owed() {
     task.abort();
 }
 
+/// A node whose recorded instance id is not an EC2 id cannot be fenced by EBS until an
+/// operator acts: the controller tries once (one failed audit record, one error line)
+/// and the fence stays owed, but it is not retried every sweep (it used to be: one
+/// failed attempt and one more audit record per sweep period, forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_recorded_with_a_non_ec2_instance_id_is_refused_once_not_retried_forever() {
+    let cluster = common::Cluster::new();
+    let moto = Moto::shared();
+    let ec2 = ebs_peer::client(&moto.url()).await;
+    let (real, vol) = ebs_peer::attached_volume(&ec2).await;
+    let store = cluster.store().await;
+    // Passes the generic instance rule (so it reaches the fencer), not EC2's.
+    let a1 = ebs_agent(&cluster, "n1", "host-17").await;
+    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
+    a1.kill();
+    common::wait_until(
+        "a failed EBS fence attempt",
+        Duration::from_secs(30),
+        || {
+            let failed = ctl.stats().failed.load(Ordering::Relaxed);
+            async move { failed >= 1 }
+        },
+    )
+    .await;
+    // Ten sweep periods (500 ms each) after the first attempt.
+    let sweeps = ctl.stats().sweeps.load(Ordering::Relaxed);
+    common::wait_until("ten more sweeps", Duration::from_secs(30), || {
+        let now = ctl.stats().sweeps.load(Ordering::Relaxed);
+        async move { now >= sweeps + 10 }
+    })
+    .await;
+    let n1 = common::node("n1");
+    assert_eq!(ctl.stats().failed.load(Ordering::Relaxed), 1, "retried");
+    let audit = store.audit_records(&n1).await.unwrap();
+    assert_eq!(audit.len(), 1, "one attempt, one record: {audit:?}");
+    assert!(
+        audit[0]["fencer_result"]
+            .to_string()
+            .contains("is not an EC2 instance id"),
+        "{audit:?}"
+    );
+    // Still owed, never bumped, the volume untouched.
+    assert_eq!(common::generation(&store, "n1").await, 0);
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert!(snap.pending.contains_key(&n1), "no longer owed: {snap:?}");
+    assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![real]);
+    task.abort();
+}
+
 // The `fenced` binary itself: two daemons configured with `--ebs-volume-id` (EBS alone,
 // as on gp3: no --block-device), a SIGKILLed one fenced by the other through moto.
 

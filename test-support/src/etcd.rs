@@ -207,6 +207,8 @@ pub struct EtcdOptions {
     pub client_cert_auth: bool,
     /// `--auth-token-ttl` in seconds (simple tokens; etcd's default is 300).
     pub auth_token_ttl_secs: Option<u32>,
+    /// Further server flags, as given (e.g. `--quota-backend-bytes=…`).
+    pub extra_args: Vec<String>,
 }
 
 impl Etcd {
@@ -260,6 +262,7 @@ impl Etcd {
         if let Some(ttl) = opts.auth_token_ttl_secs {
             cmd.arg(format!("--auth-token-ttl={ttl}"));
         }
+        cmd.args(&opts.extra_args);
         let args: Vec<std::ffi::OsString> = cmd.get_args().map(ToOwned::to_owned).collect();
         let child = cmd
             .stdout(Stdio::null())

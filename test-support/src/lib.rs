@@ -2,12 +2,15 @@
 //! itself and killed by PID when dropped.
 //!
 //! - [`etcd::Etcd`]: a single-member etcd on free loopback ports with a temp data dir.
+//! - [`cluster::EtcdCluster`]: an etcd cluster of N members on loopback, members
+//!   killed and restarted by PID.
 //! - [`tls::Pki`]: a test CA issuing server and client certificates (TLS etcd).
 //! - [`etcd::EtcdVersion`]: the version of the etcd under test (`$FENCED_ETCD`), for
 //!   the behaviours that differ between releases.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
+pub mod cluster;
 pub mod etcd;
 pub mod tls;
 

@@ -118,6 +118,22 @@ pub(crate) fn statx_dio_align(fd: BorrowedFd<'_>) -> io::Result<DioAlign> {
     })
 }
 
+/// Whether the file lives on tmpfs (`fstatfs` reports `TMPFS_MAGIC`).
+pub(crate) fn on_tmpfs(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let mut st = MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `st` points to writable memory of the size of `struct statfs`, which the
+    // kernel fills; `fd` is a valid open descriptor.
+    let r = unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: zero-initialised above, and all-zero is a valid `statfs` (plain integers).
+    let st = unsafe { st.assume_init() };
+    // The field's and the constant's integer types differ between targets.
+    #[allow(clippy::unnecessary_cast)]
+    Ok(st.f_type as i64 == libc::TMPFS_MAGIC as i64)
+}
+
 /// `pwritev2(fd, [buf], offset, flags)`: one write with per-request flags (e.g.
 /// `RWF_DSYNC`). Returns the number of bytes written.
 pub(crate) fn pwrite2(
@@ -170,6 +186,21 @@ mod tests {
                 );
             }
             other => eprintln!("this file system reports {other:?}; nothing more to check"),
+        }
+    }
+
+    #[test]
+    fn tmpfs_is_recognised() {
+        use std::os::fd::AsFd;
+        let dir = tempfile::tempdir_in("/var/tmp").expect("temp dir");
+        let f = std::fs::File::create(dir.path().join("f")).expect("create");
+        assert!(
+            !on_tmpfs(f.as_fd()).expect("fstatfs"),
+            "/var/tmp is not tmpfs here"
+        );
+        match tempfile::tempfile_in("/dev/shm") {
+            Ok(f) => assert!(on_tmpfs(f.as_fd()).expect("fstatfs"), "/dev/shm is tmpfs"),
+            Err(e) => eprintln!("SKIPPED the tmpfs half: no /dev/shm ({e})"),
         }
     }
 }

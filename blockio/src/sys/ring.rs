@@ -9,16 +9,23 @@
 //!
 //! The ring interprets no result: every completion goes to the writer's [`Judge`],
 //! which says whether to submit the rest of the request or how it ended.
+//!
+//! How it is set up ([`RingSetup`]) and how it waits (a separate submission first,
+//! polling before sleeping) change only when requests reach the kernel and when their
+//! completions are collected, never what a result means; with SQPOLL the kernel thread
+//! may take an entry as soon as it is pushed, which the buffer rule above already
+//! covers (a slot's buffer lives until its completion is reaped).
 
 use std::collections::VecDeque;
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use io_uring::{IoUring, Probe, opcode, squeue, types};
 
 use crate::error::{Error, Op, Result};
+use crate::options::RingSetup;
 use crate::req::{Completion, Judge, Next, Progress, Req};
 use crate::sys::buf::{AlignedBuf, BufPool};
 
@@ -28,8 +35,15 @@ pub(crate) struct RingConfig {
     pub queue_depth: usize,
     pub register_file: bool,
     pub dsync: bool,
-    /// Set up the ring for a single submitting thread with deferred task work.
+    /// Set up the ring for a single submitting thread (with deferred task work when
+    /// the setup is cooperative).
     pub single_issuer: bool,
+    /// Who runs completion work and who submits.
+    pub setup: RingSetup,
+    /// How long a wait polls before it sleeps.
+    pub spin: Duration,
+    /// A wait submits what is queued in a call of its own before it waits.
+    pub separate_submit: bool,
     /// Registered (fixed) buffers to set up: how many, of how many bytes.
     pub registered_buffers: Option<(usize, usize)>,
     /// Alignment of the registered buffers.
@@ -74,6 +88,13 @@ pub(crate) struct Ring {
     ring: IoUring,
     file: File,
     fixed_file: bool,
+    /// The setup in use (the requested one, or what the kernel accepted instead).
+    setup: RingSetup,
+    spin: Duration,
+    separate_submit: bool,
+    /// Calls into the kernel that did not wait, and that did (for tests).
+    polls: u64,
+    waits: u64,
     write_flags: i32,
     slots: Vec<Option<Slot>>,
     free: Vec<usize>,
@@ -95,6 +116,7 @@ impl std::fmt::Debug for Ring {
         f.debug_struct("Ring")
             .field("fd", &self.file.as_raw_fd())
             .field("fixed_file", &self.fixed_file)
+            .field("setup", &self.setup)
             .field("queue_depth", &self.slots.len())
             .field("in_flight", &self.in_flight)
             .finish_non_exhaustive()
@@ -107,24 +129,55 @@ impl Ring {
         let qd = cfg.queue_depth.max(1);
         let entries = u32::try_from(qd.next_power_of_two())
             .map_err(|_| ring_err("setup")(io::Error::from_raw_os_error(libc::EINVAL)))?;
-        // Completions are reaped by the submitting thread, so nothing needs an IPI to
-        // run them early (COOP_TASKRUN, Linux 5.19); TASKRUN_FLAG tells us when task
-        // work is pending. A single issuer may defer it until it reaps (6.1).
-        let mut b = IoUring::builder();
-        b.setup_cqsize(entries.saturating_mul(2))
-            .setup_coop_taskrun()
-            .setup_taskrun_flag();
-        if cfg.single_issuer {
-            b.setup_single_issuer().setup_defer_taskrun();
-        }
-        let ring = match b.build(entries) {
-            Ok(r) => r,
+        let build = |setup: RingSetup| {
+            let mut b = IoUring::builder();
+            b.setup_cqsize(entries.saturating_mul(2));
+            match setup {
+                // Completions are reaped by the submitting thread, so nothing needs an
+                // IPI to run them early (COOP_TASKRUN, Linux 5.19); TASKRUN_FLAG tells
+                // us when task work is pending. A single issuer may defer it until it
+                // reaps (6.1).
+                RingSetup::Cooperative => {
+                    b.setup_coop_taskrun().setup_taskrun_flag();
+                    if cfg.single_issuer {
+                        b.setup_single_issuer().setup_defer_taskrun();
+                    }
+                }
+                // The writer resolves `Auto` before building the ring.
+                RingSetup::Plain | RingSetup::Auto => {
+                    if cfg.single_issuer {
+                        b.setup_single_issuer();
+                    }
+                }
+                // The kernel thread is the only submitter: SINGLE_ISSUER and
+                // DEFER_TASKRUN do not apply.
+                RingSetup::SqPoll { idle_ms } => {
+                    b.setup_sqpoll(idle_ms);
+                }
+            }
+            b.build(entries)
+        };
+        let (ring, setup) = match build(cfg.setup) {
+            Ok(r) => (r, cfg.setup),
+            // Older kernels refuse SQPOLL without privileges (EPERM before 5.11) or
+            // flags they do not know (EINVAL).
+            Err(e)
+                if matches!(cfg.setup, RingSetup::SqPoll { .. })
+                    && matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EPERM)) =>
+            {
+                tracing::warn!(error = %e, "io_uring: SQPOLL refused; using the plain setup");
+                match build(RingSetup::Plain) {
+                    Ok(r) => (r, RingSetup::Plain),
+                    Err(e) => return Err(ring_err("setup")(e)),
+                }
+            }
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 tracing::debug!("io_uring: setup flags refused (kernel < 5.19?); using none");
-                IoUring::builder()
+                let r = IoUring::builder()
                     .setup_cqsize(entries.saturating_mul(2))
                     .build(entries)
-                    .map_err(ring_err("setup"))?
+                    .map_err(ring_err("setup"))?;
+                (r, RingSetup::Plain)
             }
             Err(e) => return Err(ring_err("setup")(e)),
         };
@@ -187,6 +240,11 @@ impl Ring {
             ring,
             file,
             fixed_file,
+            setup,
+            spin: cfg.spin,
+            separate_submit: cfg.separate_submit,
+            polls: 0,
+            waits: 0,
             write_flags: if cfg.dsync { libc::RWF_DSYNC } else { 0 },
             slots: (0..qd).map(|_| None).collect(),
             free: (0..qd).rev().collect(),
@@ -207,6 +265,21 @@ impl Ring {
     /// Whether the ring uses a registered (fixed) file.
     pub(crate) fn fixed_file(&self) -> bool {
         self.fixed_file
+    }
+
+    /// The setup in use.
+    pub(crate) fn setup(&self) -> RingSetup {
+        self.setup
+    }
+
+    /// Calls into the kernel that did not wait, and that did.
+    #[cfg(test)]
+    pub(crate) fn enters(&self) -> (u64, u64) {
+        (self.polls, self.waits)
+    }
+
+    fn sqpoll(&self) -> bool {
+        matches!(self.setup, RingSetup::SqPoll { .. })
     }
 
     /// Number of SQEs handed to the kernel so far (tests use it to prove that a fenced
@@ -325,6 +398,10 @@ impl Ring {
             let pushed = unsafe { self.ring.submission().push(&entry) };
             if pushed.is_ok() {
                 self.fixed_buf_pushed += u64::from(fixed);
+                // The kernel thread of an SQPOLL ring may take the entry from now on.
+                if self.sqpoll() {
+                    self.submitted_total += 1;
+                }
                 return Ok(());
             }
             self.submit()?;
@@ -389,16 +466,25 @@ impl Ring {
     }
 
     fn enter(&mut self, want: usize) -> Result<usize> {
+        if want > 0 {
+            self.waits += 1;
+        }
+        // An SQPOLL ring counts its entries when they are pushed (`push`).
+        let count = !self.sqpoll();
         loop {
             let queued = self.ring.submission().len();
             match self.ring.submit_and_wait(want) {
                 Ok(n) => {
-                    self.submitted_total += n as u64;
+                    if count {
+                        self.submitted_total += n as u64;
+                    }
                     return Ok(n);
                 }
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => {
                     // Interrupted while waiting; the SQEs may have been consumed.
-                    self.submitted_total += (queued - self.ring.submission().len()) as u64;
+                    if count {
+                        self.submitted_total += (queued - self.ring.submission().len()) as u64;
+                    }
                     if want == 0 || !self.ring.completion().is_empty() {
                         return Ok(0);
                     }
@@ -480,6 +566,12 @@ impl Ring {
     /// Submits what is queued and runs pending task work without waiting, so that
     /// every completion already finished in the kernel is visible in the CQ.
     fn poll(&mut self) -> Result<()> {
+        self.polls += 1;
+        if self.sqpoll() {
+            // The kernel thread submits and runs the completion work; this only wakes
+            // it if it went to sleep (and flushes an overflowed CQ).
+            return self.enter(0).map(drop);
+        }
         let to_submit = self.ring.submission().len();
         loop {
             // SAFETY: no extended argument is passed (None, size 0); the SQEs being
@@ -521,9 +613,22 @@ impl Ring {
         if min > 0 && got >= min && self.ring.submission().is_empty() {
             return Ok(());
         }
+        let mut spin_until = None;
         loop {
             if got < min {
-                self.enter((min - got).min(self.in_flight))?;
+                if self.separate_submit && !self.ring.submission().is_empty() {
+                    // Hand the queued requests to the kernel first, and wait in a
+                    // second call only if none finished meanwhile.
+                    self.poll()?;
+                } else if !self.spin.is_zero()
+                    && Instant::now()
+                        < *spin_until.get_or_insert_with(|| Instant::now() + self.spin)
+                {
+                    // Polling: no sleep, so no wake-up to wait for when one finishes.
+                    self.poll()?;
+                } else {
+                    self.enter((min - got).min(self.in_flight))?;
+                }
             } else {
                 self.poll()?;
             }
@@ -573,7 +678,7 @@ impl Ring {
                 std::mem::forget(unwinding);
                 return result;
             }
-            let waited = self.enter(1).and_then(|_| self.drain(ready, judge));
+            let waited = self.reap(1, ready, judge);
             if let Err(e) = waited {
                 // The kernel may hold a pointer into the caller's buffer: returning now
                 // would let it be freed under a live request.

@@ -10,9 +10,14 @@ use crate::node::NodeId;
 use crate::store::EtcdStore;
 
 /// Keeps `lease` alive from the moment it is granted (a slow start must not let it
-/// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone.
-/// After each renewal it records `liveness/<node>` (the lease, its TTL and the
-/// self-fence `margin`: `fenced attest` asks etcd about the lease).
+/// expire), publishing each renewal as (when, remaining TTL); TTL 0: the lease is gone,
+/// or this agent gave it up (etcd refuses its writes): self-fence now.
+///
+/// After renewals it also does, at a bounded rate, what [`Duties`] schedules: it
+/// records `liveness/<node>` (the lease, its TTL and the self-fence `margin`:
+/// `fenced attest` asks etcd about the lease) at the first renewal and then every
+/// [`LIVENESS_REFRESH`], and in between checks every [`WRITE_PERMISSION_CHECK`] that
+/// etcd still lets this node write its own keys.
 ///
 /// "When" is the time the renewing request was *sent*: etcd renewed the lease at or
 /// after that instant, so the self-fence margin measured from it never overestimates
@@ -49,6 +54,7 @@ pub(super) fn spawn_keepalive(
         let full_ttl = i64::try_from(ttl.as_secs()).unwrap_or(i64::MAX);
         let mut tick = tokio::time::interval(renew_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut duties = Duties::default();
         // The newest renewal published: an older one is never published after it.
         let mut last = Instant::now();
         let mut broken_since: Option<Instant> = None;
@@ -93,32 +99,49 @@ pub(super) fn spawn_keepalive(
                         tracing::info!(node = %node, after = ?since.elapsed(), "lease keepalive restored");
                     }
                     publish(sent, left);
-                    if left > 0 {
-                        // Best effort, and bounded: a put balanced onto a member that
-                        // stopped answering would hold the next renewal for the whole
-                        // request timeout (5 s), past a short lease's expiry.
-                        let record = LivenessRecord {
-                            lease,
-                            ttl_ms: millis(ttl),
-                            margin_ms: millis(margin),
-                            unix_ms: unix_ms(),
-                        };
-                        let put =
+                    let now = Instant::now();
+                    let Some(duty) = duties.due(now).filter(|_| left > 0) else {
+                        continue;
+                    };
+                    // Best effort, and bounded: a request balanced onto a member that
+                    // stopped answering would hold the next renewal for the whole
+                    // request timeout (5 s), past a short lease's expiry.
+                    let done = match duty {
+                        Duty::Stamp => {
+                            let record = LivenessRecord {
+                                lease,
+                                ttl_ms: millis(ttl),
+                                margin_ms: millis(margin),
+                                unix_ms: unix_ms(),
+                                refresh_ms: millis(LIVENESS_REFRESH + renew_every),
+                            };
                             tokio::time::timeout(renew_every, store.put_liveness(&node, &record))
-                                .await;
-                        if let Ok(Err(e)) = &put
-                            && e.is_denied()
-                        {
-                            // Our credentials may no longer write our own keys (the
-                            // node's etcd role was revoked): stop renewing, as if cut off.
-                            // The lease expires, a controller fences us, and the
-                            // watchdog self-fences at the margin.
-                            tracing::error!(node = %node, error = %e, "etcd refuses this node's writes (its etcd role revoked?): stopping lease renewal; this node self-fences at the margin and is fenced when its lease expires");
-                            // Keep `tx` open: a closed channel would wake the agent's
-                            // loop without pause until the watchdog fires.
-                            drop(stream.take());
-                            std::future::pending::<()>().await;
+                                .await
                         }
+                        Duty::CheckPermission => {
+                            tokio::time::timeout(
+                                renew_every,
+                                store.check_own_write_permission(&node),
+                            )
+                            .await
+                        }
+                    };
+                    duties.done(duty, now, matches!(done, Ok(Ok(()))));
+                    if let Ok(Err(e)) = &done
+                        && e.is_denied()
+                    {
+                        // Our credentials may no longer write our own keys (the node's
+                        // etcd role was revoked): we cannot leave, nor claim or give
+                        // back an arena. Stop renewing and self-fence now (the check
+                        // runs only every few seconds: waiting out the margin on top
+                        // would leave the node writing for longer); the lease expires
+                        // and a controller fences us.
+                        tracing::error!(node = %node, error = %e, "etcd refuses this node's writes (its etcd role revoked?): stopping lease renewal and self-fencing now; this node is fenced when its lease expires");
+                        drop(stream.take());
+                        let _ = tx.send((Instant::now(), 0));
+                        // Keep `tx` open: a closed channel would wake the agent's loop
+                        // without pause until the watchdog fires.
+                        std::future::pending::<()>().await;
                     }
                 }
                 None => {
@@ -168,4 +191,134 @@ async fn open_keepalive(
 
 fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// How often a running agent rewrites `liveness/<node>`. The record only names the
+/// lease `fenced attest` asks etcd about, which does not change while the agent runs,
+/// so nothing needs it rewritten at each renewal: the lease's renewals prove liveness
+/// and cost etcd no revision. It is still refreshed, rarely, because its wall-clock
+/// stamp is how `fenced status` and `fenced check` date a fence owed since the node
+/// stopped (at most this plus a renewal period late). 30 s: one revision per node per
+/// 30 s (issue 19's bound is 0.05 writes/s per idle node; the per-renewal write of
+/// older versions was ~0.6/s at TTL 5 s), and an owed fence is dated within 30 s.
+pub(crate) const LIVENESS_REFRESH: Duration = Duration::from_secs(30);
+
+/// How often, between refreshes, the agent asks etcd whether it may still write its
+/// own keys ([`EtcdStore::check_own_write_permission`]: no revision, one raft entry).
+/// A node whose etcd role is revoked self-fences within about this long; the
+/// per-renewal write of older versions found it at the next renewal.
+pub(crate) const WRITE_PERMISSION_CHECK: Duration = Duration::from_secs(15);
+
+/// What the keepalive asks of etcd after a renewal, besides the renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Duty {
+    /// Write `liveness/<node>`.
+    Stamp,
+    /// Check that etcd still lets us write our own keys, writing nothing.
+    CheckPermission,
+}
+
+/// The schedule of the keepalive's [`Duty`]s; time enters as an argument. The
+/// record is written at the first renewal, and retried at each renewal until a write
+/// lands (`fenced attest` needs it), then every [`LIVENESS_REFRESH`]; between
+/// refreshes a permission check runs every [`WRITE_PERMISSION_CHECK`]. Once the record
+/// is written, a failed request is retried no sooner than a check period later, so an
+/// etcd that refuses writes (its space alarm) is not hammered.
+#[derive(Debug, Default)]
+struct Duties {
+    /// When the record was last written.
+    stamped: Option<Instant>,
+    /// When a duty was last attempted.
+    tried: Option<Instant>,
+}
+
+impl Duties {
+    /// The duty due at `now`, if any.
+    fn due(&self, now: Instant) -> Option<Duty> {
+        let since = |t: Instant| now.saturating_duration_since(t);
+        match (self.stamped, self.tried) {
+            (None, _) => Some(Duty::Stamp),
+            (Some(_), Some(t)) if since(t) < WRITE_PERMISSION_CHECK => None,
+            (Some(s), _) if since(s) >= LIVENESS_REFRESH => Some(Duty::Stamp),
+            (Some(_), _) => Some(Duty::CheckPermission),
+        }
+    }
+
+    /// `duty`, attempted at `at`, succeeded or not.
+    fn done(&mut self, duty: Duty, at: Instant, ok: bool) {
+        self.tried = Some(at);
+        if duty == Duty::Stamp && ok {
+            self.stamped = Some(at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Renewals every `every` for `over`: the duties run, and when.
+    fn run(every: Duration, over: Duration, ok: bool) -> Vec<(Duration, Duty)> {
+        let t0 = Instant::now();
+        let mut d = Duties::default();
+        let mut out = Vec::new();
+        let mut t = Duration::ZERO;
+        while t <= over {
+            if let Some(duty) = d.due(t0 + t) {
+                d.done(duty, t0 + t, ok);
+                out.push((t, duty));
+            }
+            t += every;
+        }
+        out
+    }
+
+    #[test]
+    fn the_record_is_written_at_start_then_every_refresh_with_checks_between() {
+        let every = Duration::from_millis(1_667);
+        let done = run(every, Duration::from_secs(300), true);
+        let stamps: Vec<Duration> = done
+            .iter()
+            .filter(|(_, d)| *d == Duty::Stamp)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(stamps[0], Duration::ZERO);
+        // At most one write per LIVENESS_REFRESH, at least one per refresh plus a
+        // renewal period: 10 in 300 s, where a write per renewal made 180.
+        assert!((9..=10).contains(&stamps.len()), "{stamps:?}");
+        for w in stamps.windows(2) {
+            assert!(w[1] - w[0] >= LIVENESS_REFRESH, "{stamps:?}");
+            assert!(w[1] - w[0] <= LIVENESS_REFRESH + every, "{stamps:?}");
+        }
+        // Some duty (a write or a check) at least every check period plus a renewal.
+        for w in done.windows(2) {
+            assert!(w[1].0 - w[0].0 >= WRITE_PERMISSION_CHECK, "{done:?}");
+            assert!(
+                w[1].0 - w[0].0 <= WRITE_PERMISSION_CHECK + every,
+                "{done:?}"
+            );
+        }
+        assert!(done.iter().any(|(_, d)| *d == Duty::CheckPermission));
+    }
+
+    #[test]
+    fn failures_are_retried_a_check_period_later_and_the_first_write_at_once() {
+        let every = Duration::from_millis(1_667);
+        // The first write is retried at each renewal until it lands...
+        let mut d = Duties::default();
+        let t0 = Instant::now();
+        d.done(Duty::Stamp, t0, false);
+        assert_eq!(d.due(t0 + every), Some(Duty::Stamp));
+        // ...later ones no sooner than a check period after the failed attempt.
+        let done = run(every, Duration::from_secs(120), false);
+        assert!(done.iter().all(|(_, d)| *d == Duty::Stamp), "{done:?}");
+        assert!(done.len() >= 60, "{done:?}");
+        let mut d = Duties::default();
+        d.done(Duty::Stamp, t0, true);
+        let t = t0 + LIVENESS_REFRESH;
+        assert_eq!(d.due(t), Some(Duty::Stamp));
+        d.done(Duty::Stamp, t, false);
+        assert_eq!(d.due(t + every), None);
+        assert_eq!(d.due(t + WRITE_PERMISSION_CHECK), Some(Duty::Stamp));
+    }
 }

@@ -90,7 +90,7 @@ pub mod on_fence;
 mod own_membership;
 
 pub use boot::{BOOT_ID_FILE, FencedSameBoot, KeyRemovedSameBoot, read_boot_id};
-pub use on_fence::{OnFence, OnFenceConfig, OnFenceOutcome};
+pub use on_fence::{OnFence, OnFenceConfig, OnFenceOutcome, check_reboot};
 
 use keepalive::spawn_keepalive;
 use leave::leave_steps;

@@ -105,6 +105,55 @@ fn reboot_now(sysrq: &Path) -> Result<(), std::io::Error> {
     f.write_all(b"b")
 }
 
+/// Checks, before the daemon joins, that `--on-fence reboot` could reboot: the SysRq
+/// trigger is a regular file (procfs shows it as one; a FIFO or a directory is refused,
+/// never waited on) that this process may open for writing. Nothing is written. Under
+/// systemd, `ProtectKernelTunables=yes` mounts `/proc/sysrq-trigger` read-only, so the
+/// open fails with "Read-only file system": found at start, not when the host must go
+/// down.
+pub fn check_reboot(sysrq: &Path) -> Result<(), String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let kind = |ft: std::fs::FileType| {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_dir() {
+            "directory"
+        } else if ft.is_fifo() {
+            "FIFO"
+        } else if ft.is_socket() {
+            "socket"
+        } else if ft.is_char_device() || ft.is_block_device() {
+            "device"
+        } else {
+            "special file"
+        }
+    };
+    let meta = std::fs::metadata(sysrq)
+        .map_err(|e| format!("cannot use --on-fence reboot: {}: {e}", sysrq.display()))?;
+    if !meta.is_file() {
+        return Err(format!(
+            "cannot use --on-fence reboot: {} is a {}, not the SysRq trigger",
+            sysrq.display(),
+            kind(meta.file_type())
+        ));
+    }
+    let hint = if sysrq == Path::new(SYSRQ_TRIGGER) {
+        " (under systemd, ProtectKernelTunables=yes makes it read-only: add a drop-in with ProtectKernelTunables=no; run fenced as root)"
+    } else {
+        ""
+    };
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(sysrq)
+        .map(drop)
+        .map_err(|e| {
+            format!(
+                "cannot use --on-fence reboot: cannot open {} for writing: {e}{hint}",
+                sysrq.display()
+            )
+        })
+}
+
 /// Runs the action for `node` (at `generation`) that self-fenced for `reason`.
 /// An `exec` hook gets `FENCED_NODE_ID`, `FENCED_GENERATION` and `FENCED_FENCE_REASON`
 /// in its environment; it is killed after `hook_timeout`.

@@ -4,7 +4,10 @@
 //! Freshness is judged by etcd, never by comparing wall clocks across hosts: the
 //! agent records in `liveness/<node>` which lease it renews ([`LivenessRecord`]), and
 //! the attesting command asks etcd how long that lease has left
-//! (`LeaseTimeToLive`, etcd's own clock). A lease etcd still holds was renewed within
+//! (`LeaseTimeToLive`, etcd's own clock). The record only has to *name* the lease, so
+//! the agent writes it when it starts and then rarely (see
+//! [`LivenessRecord::refresh_ms`]): the lease's renewals are the proof of life, and
+//! they cost etcd no revision. A lease etcd still holds was renewed within
 //! its TTL: the agent is alive. A lease etcd no longer holds was not renewed for a
 //! whole TTL; the agent then self-fences at most its self-fence margin after its last
 //! renewal, so without a device fence the command waits `margin - TTL` more (measured
@@ -28,8 +31,10 @@ use std::time::Duration;
 use crate::core::{SnapshotGuard, Victim};
 use crate::node::NodeId;
 
-/// What the agent records in `liveness/<node>` at each lease renewal: which lease it
-/// renews, and the two durations that bound how long it can outlive that lease.
+/// What the agent records in `liveness/<node>`: which lease it renews, and the two
+/// durations that bound how long it can outlive that lease. Written when the agent
+/// starts and then every [`LivenessRecord::refresh_ms`] (fenced before this field
+/// existed rewrote it at every renewal, TTL/3: ~0.6 etcd revisions/s per idle node).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LivenessRecord {
     /// The membership lease the agent renews (etcd lease id).
@@ -39,9 +44,15 @@ pub struct LivenessRecord {
     /// The agent's self-fence margin in milliseconds: it closes its I/O gate when its
     /// lease was not renewed for this long.
     pub margin_ms: u64,
-    /// The agent's wall clock at the renewal (Unix ms): for people reading the record,
-    /// never compared with another host's clock.
+    /// The agent's wall clock when it wrote the record (Unix ms): for people reading
+    /// it (`fenced status`, `fenced check` date an owed fence by it), never compared
+    /// with another host's clock by `fenced attest`.
     pub unix_ms: u64,
+    /// How often the agent rewrites the record (ms): a node that stopped renewing its
+    /// lease did so at most this long after `unix_ms` (plus its TTL). 0 in records of
+    /// older versions, which rewrote it at every renewal.
+    #[serde(default)]
+    pub refresh_ms: u64,
 }
 
 impl LivenessRecord {
@@ -319,6 +330,7 @@ mod tests {
         ttl_ms: 5_000,
         margin_ms: 10_000,
         unix_ms: 1_800_000_000_000,
+        refresh_ms: 30_000,
     };
 
     /// A node that joined, was a member, and whose lease etcd no longer holds.
@@ -515,6 +527,17 @@ mod tests {
         let e = LivenessRecord::parse("1800000000000").unwrap_err();
         assert!(e.contains("older fenced"), "{e}");
         assert!(LivenessRecord::parse("{").is_err());
+        // What the previous version wrote at every renewal (no `refresh_ms`) still
+        // names its lease.
+        let per_renewal =
+            r#"{"lease":4660,"ttl_ms":5000,"margin_ms":10000,"unix_ms":1800000000000}"#;
+        assert_eq!(
+            LivenessRecord::parse(per_renewal),
+            Ok(LivenessRecord {
+                refresh_ms: 0,
+                ..RECORD
+            })
+        );
         assert_eq!(RECORD.outlives_lease_by(), Duration::from_secs(5));
         let odd = LivenessRecord {
             margin_ms: 1,

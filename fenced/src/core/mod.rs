@@ -6,7 +6,9 @@
 //! departure marker is honoured is [`honour_departure`]; the agent's self-fencing
 //! clock is [`Watchdog`] (fed by [`lease_reading`]); whether a stalled controller may
 //! still sever is [`check_claim_age`]; the agent's device checks are [`check_device`].
-//! What `fenced attest` refuses, and when it fences, is [`attest::judge`].
+//! What `fenced attest` refuses, and when it fences, is [`attest::judge`]. Which
+//! controller claims a death first and which sweeps the period is [`fence_duty`] and
+//! [`SweepClock`], over the [`Roster`] of live controllers.
 
 use std::fmt;
 
@@ -137,11 +139,13 @@ pub struct Confirmation {
 
 mod agent;
 pub mod attest;
+mod duty;
 mod fence;
 mod sweep;
 #[cfg(test)]
 mod tests;
 
 pub use agent::*;
+pub use duty::*;
 pub use fence::*;
 pub use sweep::*;

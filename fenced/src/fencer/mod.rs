@@ -182,6 +182,26 @@ pub enum FenceCause {
     },
 }
 
+impl FenceCause {
+    /// Whether only an operator can make a fence of this victim succeed (its record in
+    /// etcd, not the device or the cloud, is what is wrong): the controller then tries
+    /// once and does not retry every sweep ([`crate::controller::Controller`]).
+    pub fn needs_operator(&self) -> bool {
+        match self {
+            #[cfg(feature = "ebs")]
+            Self::Ebs(e) => e.needs_operator(),
+            Self::NoLevelConfirmed(levels) => {
+                !levels.0.is_empty()
+                    && levels.0.iter().all(|l| match l {
+                        levels::LevelFailure::Failed { error, .. } => error.cause.needs_operator(),
+                        levels::LevelFailure::NotSevered { .. } => false,
+                    })
+            }
+            _ => false,
+        }
+    }
+}
+
 /// Something that severs a node's access to the shared device and confirms it.
 pub trait Fencer: Send + Sync + fmt::Debug {
     /// `nvme`, `ebs`, `none`.

@@ -1,12 +1,16 @@
 //! `fenced check`: a monitoring-plugin style check (Nagios, Icinga, Sensu, a
 //! Prometheus textfile script): one summary line, exit 0 OK, 1 WARNING, 2 CRITICAL,
-//! 3 UNKNOWN. It reads the one status read and probes each endpoint once; nothing is
+//! 3 UNKNOWN. It reads the one status read, probes each endpoint once and asks etcd
+//! about its alarms, history and database size (`fenced::store::space`); nothing is
 //! written.
 
 use std::fmt;
 use std::process::ExitCode;
 
-use fenced::store::{Status, StoreOptions, probe_endpoints};
+use fenced::store::{
+    HISTORY_WARNING_REVISIONS, SpaceFinding, SpaceLevel, Status, StoreOptions, judge_space,
+    probe_endpoints,
+};
 
 use super::OpError;
 use crate::config::{self, EtcdArgs, EtcdSettings};
@@ -15,16 +19,23 @@ use crate::config::{self, EtcdArgs, EtcdSettings};
 pub struct CheckArgs {
     #[command(flatten)]
     etcd: EtcdArgs,
-    /// WARNING when a fence has been owed this long (seconds since the node's last
-    /// lease renewal).
-    #[arg(long, default_value_t = 10)]
+    /// WARNING when a fence has been owed this long: seconds since the node's last
+    /// liveness stamp. The agent refreshes that stamp only every 30 s (not at every
+    /// renewal), so a node that just died already counts up to ~35 s (refresh and
+    /// TTL): the default stays above that plus a normal fence.
+    #[arg(long, default_value_t = 45)]
     owed_warning_secs: u64,
-    /// CRITICAL when a fence has been owed this long.
-    #[arg(long, default_value_t = 60)]
+    /// CRITICAL when a fence has been owed this long (same count; default: a fence
+    /// stuck for 1.5 to 2 minutes, an EBS force-detach included).
+    #[arg(long, default_value_t = 120)]
     owed_critical_secs: u64,
     /// WARNING when fewer nodes than this hold membership.
     #[arg(long)]
     expect_members: Option<usize>,
+    /// WARNING when etcd never compacted its history and keeps at least this many
+    /// revisions (README: etcd compaction and quota).
+    #[arg(long, default_value_t = HISTORY_WARNING_REVISIONS)]
+    history_warning_revisions: i64,
 }
 
 /// A check's result, ordered by severity.
@@ -69,11 +80,14 @@ pub struct Thresholds {
     pub expect_members: Option<usize>,
 }
 
-/// The verdict on what the cluster's records and endpoints show at `now_ms`: the
-/// level and the summary (problems first, worst first).
+/// The verdict on what the cluster's records, endpoints and etcd's space
+/// ([`judge_space`]) show at `now_ms`: the level and the summary (problems first,
+/// worst first). A raised etcd alarm is CRITICAL (etcd refuses every write, a fence's
+/// included); a space warning is a WARNING.
 pub fn verdict(
     s: &Status,
     endpoints: &[(String, Option<String>)],
+    space: &[SpaceFinding],
     t: Thresholds,
     now_ms: u64,
 ) -> (Level, String) {
@@ -95,7 +109,7 @@ pub fn verdict(
                 };
                 (l, format!("{}s", age / 1000))
             }
-            // Never renewed: its age cannot be told; not OK, not proven late.
+            // Never stamped: its age cannot be told; not OK, not proven late.
             None => (Level::Warning, "unknown time".to_owned()),
         };
         if l > Level::Ok {
@@ -138,6 +152,13 @@ pub fn verdict(
                 trouble.as_deref().unwrap_or_default()
             ),
         ));
+    }
+    for f in space {
+        let l = match f.level {
+            SpaceLevel::Error => Level::Critical,
+            SpaceLevel::Warning => Level::Warning,
+        };
+        problems.push((l, f.text.clone()));
     }
     if !s.malformed.is_empty() {
         problems.push((
@@ -204,7 +225,17 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
         },
     )
     .await;
-    let (level, line) = verdict(&status, &endpoints, t, fenced::clock::unix_ms());
+    let space = match store.space_report().await {
+        Ok(r) => judge_space(&r, args.history_warning_revisions),
+        Err(e) => vec![SpaceFinding {
+            level: SpaceLevel::Warning,
+            text: format!(
+                "cannot check etcd's history and space: {}",
+                crate::one_line(&e)
+            ),
+        }],
+    };
+    let (level, line) = verdict(&status, &endpoints, &space, t, fenced::clock::unix_ms());
     println!("{line}");
     Ok(ExitCode::from(level.code()))
 }
@@ -250,7 +281,7 @@ mod tests {
             ..NodeRow::default()
         };
         let ok = status(&[("n1", member.clone()), ("n2", member.clone())]);
-        let (l, line) = verdict(&ok, &[], T, 100_000);
+        let (l, line) = verdict(&ok, &[], &[], T, 100_000);
         assert_eq!(l, Level::Ok, "{line}");
         assert!(line.starts_with("FENCED OK - "), "{line}");
 
@@ -261,11 +292,11 @@ mod tests {
             (30_000, Level::Critical),
         ] {
             let s = status(&[("n1", member.clone()), ("n2", owed(Some(since)))]);
-            let (l, line) = verdict(&s, &[], T, 100_000);
+            let (l, line) = verdict(&s, &[], &[], T, 100_000);
             assert_eq!(l, want, "{line}");
         }
         let s = status(&[("n1", member.clone()), ("n2", owed(Some(30_000)))]);
-        let (_, line) = verdict(&s, &[], T, 100_000);
+        let (_, line) = verdict(&s, &[], &[], T, 100_000);
         assert!(
             line.starts_with("FENCED CRITICAL - fence of n2 owed for 70s"),
             "{line}"
@@ -282,7 +313,7 @@ mod tests {
             ("n2", member.clone()),
             ("n3", owed(None)),
         ]);
-        assert_eq!(verdict(&s, &[], T, 100_000).0, Level::Warning);
+        assert_eq!(verdict(&s, &[], &[], T, 100_000).0, Level::Warning);
 
         // An endpoint out of rotation, a malformed record: WARNING.
         let eps = vec![
@@ -292,7 +323,7 @@ mod tests {
                 Some("refuses connections".to_owned()),
             ),
         ];
-        let (l, line) = verdict(&ok, &eps, T, 100_000);
+        let (l, line) = verdict(&ok, &eps, &[], T, 100_000);
         assert_eq!(l, Level::Warning);
         assert!(line.contains("http://b out of rotation"), "{line}");
         let mut bad = ok.clone();
@@ -302,6 +333,37 @@ mod tests {
             effect: "kept",
             mod_revision: 1,
         });
-        assert_eq!(verdict(&bad, &[], T, 100_000).0, Level::Warning);
+        assert_eq!(verdict(&bad, &[], &[], T, 100_000).0, Level::Warning);
+    }
+
+    #[test]
+    fn etcd_space_findings_are_reported_an_alarm_as_critical() {
+        let member = NodeRow {
+            member: true,
+            ..NodeRow::default()
+        };
+        let ok = status(&[("n1", member.clone()), ("n2", member)]);
+        let warn = SpaceFinding {
+            level: SpaceLevel::Warning,
+            text: "etcd never compacted its history (5 revisions kept)".into(),
+        };
+        let (l, line) = verdict(&ok, &[], std::slice::from_ref(&warn), T, 100_000);
+        assert_eq!(l, Level::Warning, "{line}");
+        assert!(
+            line.starts_with("FENCED WARNING - etcd never compacted its history"),
+            "{line}"
+        );
+        let alarm = SpaceFinding {
+            level: SpaceLevel::Error,
+            text: "etcd member 1 raised its NOSPACE alarm".into(),
+        };
+        let (l, line) = verdict(&ok, &[], &[warn, alarm], T, 100_000);
+        assert_eq!(l, Level::Critical, "{line}");
+        assert!(
+            line.starts_with(
+                "FENCED CRITICAL - etcd member 1 raised its NOSPACE alarm; etcd never compacted"
+            ),
+            "{line}"
+        );
     }
 }

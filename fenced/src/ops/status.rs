@@ -79,6 +79,18 @@ fn ago(now_ms: u64, then_ms: u64) -> String {
     }
 }
 
+/// The `RENEWED` cell: a member's lease was renewed within its TTL (etcd holds it),
+/// whatever its liveness stamp says (refreshed only every `liveness_refresh_ms`);
+/// anyone else's last proof of life is that stamp.
+fn renewed(r: &NodeRow, now_ms: u64) -> String {
+    match (r.member, r.lease_ttl_ms, r.liveness_stamp_unix_ms) {
+        (true, Some(ttl), _) => format!("<{}s ago", ttl.div_ceil(1000)),
+        (true, None, _) => "<TTL ago".to_owned(),
+        (false, _, Some(t)) => ago(now_ms, t),
+        (false, _, None) => "-".to_owned(),
+    }
+}
+
 fn cells(node: &str, r: &NodeRow, now_ms: u64) -> Vec<String> {
     let dash = || "-".to_owned();
     let member = match (r.member, r.departed) {
@@ -89,7 +101,7 @@ fn cells(node: &str, r: &NodeRow, now_ms: u64) -> Vec<String> {
     let owed = r.owed.as_ref().map_or_else(dash, |o| {
         let since = o.since_unix_ms.map_or_else(
             || "age unknown".to_owned(),
-            |t| format!("renewed {}", ago(now_ms, t)),
+            |t| format!("alive {}", ago(now_ms, t)),
         );
         let intent = if o.intent_recorded {
             ", intent recorded"
@@ -119,7 +131,7 @@ fn cells(node: &str, r: &NodeRow, now_ms: u64) -> Vec<String> {
         r.generation
             .map_or_else(|| "?".to_owned(), |g| g.to_string()),
         r.instance.clone().unwrap_or_else(dash),
-        r.last_renewal_unix_ms.map_or_else(dash, |t| ago(now_ms, t)),
+        renewed(r, now_ms),
         owed,
         r.claim_holder.clone().unwrap_or_else(dash),
         last,
@@ -240,7 +252,7 @@ mod tests {
         let n1 = &doc["nodes"]["n1"];
         assert_eq!(
             keys(n1),
-            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms lease_ttl_ms member owed"
+            "arenas claim_holder departed failed_attempts fenced_to generation instance last_failure last_fence last_renewal_unix_ms lease_ttl_ms liveness_refresh_ms liveness_stamp_unix_ms member owed"
         );
         assert_eq!(
             keys(&n1["owed"]),
@@ -259,5 +271,23 @@ mod tests {
             .collect();
         assert_eq!(&row[..3], ["n1", "no", "?"], "{text}");
         assert!(row.contains(&"OWED"), "{text}");
+    }
+
+    #[test]
+    fn renewed_is_the_lease_for_a_member_and_the_stamp_for_anyone_else() {
+        let stamped = NodeRow {
+            liveness_stamp_unix_ms: Some(100_000),
+            lease_ttl_ms: Some(2_000),
+            liveness_refresh_ms: Some(31_667),
+            ..NodeRow::default()
+        };
+        // A member's stamp may be 30 s old: its lease says more.
+        let member = NodeRow {
+            member: true,
+            ..stamped.clone()
+        };
+        assert_eq!(renewed(&member, 131_000), "<2s ago");
+        assert_eq!(renewed(&stamped, 131_000), "31s ago");
+        assert_eq!(renewed(&NodeRow::default(), 131_000), "-");
     }
 }

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SweepSnapshot, Victim};
+use crate::core::{BumpOutcome, ClaimOutcome, FenceCheck, Refusal, SweepSnapshot, Victim};
 use crate::node::NodeId;
 use crate::store::{Abort, BootRecord, ClaimGuard, Finish, StoreError};
 
@@ -45,6 +45,11 @@ pub struct MemState {
     pub free: BTreeSet<String>,
     /// `audit/…` records, in write order: (node, generation, failed, JSON).
     pub audit: Vec<(NodeId, u64, bool, String)>,
+    /// `controller/sweep_done` as each completed sweep stamped it, in write order.
+    pub sweep_stamps: Vec<String>,
+    /// Operations performed (successful or refused, not injected failures), by name:
+    /// what a unit test counts instead of etcd round trips.
+    pub calls: BTreeMap<&'static str, u64>,
 }
 
 impl MemState {
@@ -96,7 +101,8 @@ impl MemStore {
     }
 
     /// The next `times` calls of `op` (`claim`, `finish`, `abort`, `drop_stale`,
-    /// `sweep_snapshot`, `owned_arenas`, `release_arena`, `depart`) fail as if etcd were unreachable, writing nothing.
+    /// `sweep_snapshot`, `fence_check`, `stamp_sweep`, `owned_arenas`, `release_arena`,
+    /// `depart`) fail as if etcd were unreachable, writing nothing.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.faults
             .lock()
@@ -105,6 +111,7 @@ impl MemStore {
     }
 
     fn fault(&self, op: &'static str) -> Result<(), StoreError> {
+        *self.state().calls.entry(op).or_default() += 1;
         let mut f = self
             .faults
             .lock()
@@ -183,6 +190,12 @@ impl MemStore {
         let mut s = self.state();
         s.write();
         s.claims.remove(node);
+    }
+
+    /// How many times `op` was called (each is one etcd request in the product),
+    /// failed ones included.
+    pub fn calls(&self, op: &'static str) -> u64 {
+        self.state().calls.get(op).copied().unwrap_or(0)
     }
 
     /// Another controller `by` holds the claim on `node`.
@@ -338,6 +351,31 @@ impl FenceStore for MemStore {
             unreadable_generations: Default::default(),
         };
         Ok((snap, s.revision))
+    }
+
+    async fn fence_check(&self, node: &NodeId) -> Result<FenceCheck, StoreError> {
+        self.fault("fence_check")?;
+        Ok(self.check(node))
+    }
+
+    async fn stamp_sweep(&self, id: &str) -> Result<(), StoreError> {
+        self.fault("stamp_sweep")?;
+        let mut s = self.state();
+        s.write();
+        s.sweep_stamps.push(id.to_owned());
+        Ok(())
+    }
+}
+
+impl MemStore {
+    fn check(&self, node: &NodeId) -> FenceCheck {
+        let s = self.state();
+        FenceCheck {
+            claimed: s.claims.contains_key(node),
+            done_rev: s.done.get(node).copied().unwrap_or(0),
+            departed: s.departed.contains_key(node),
+            member: s.members.contains_key(node),
+        }
     }
 }
 

@@ -268,15 +268,33 @@ impl EtcdStore {
         }
     }
 
-    /// Records the agent's liveness at a lease renewal: the lease it renews and how
-    /// long it can outlive it ([`LivenessRecord`]), so `fenced attest` judges
-    /// freshness by asking etcd about the lease, not by reading this host's clock.
+    /// Records the agent's liveness record: the lease it renews and how long it can
+    /// outlive it ([`LivenessRecord`]), so `fenced attest` judges freshness by asking
+    /// etcd about the lease, not by reading this host's clock. Written at start and
+    /// then every [`LivenessRecord::refresh_ms`], not at every renewal: each put is a
+    /// new revision of history.
     pub async fn put_liveness(&self, node: &NodeId, record: &LivenessRecord) -> Result<()> {
         self.rt();
         self.client()
             .put(self.keys.liveness(node), record.encode(), None)
             .await
             .map_err(|e| StoreError::classify("liveness", e))?;
+        Ok(())
+    }
+
+    /// Asks etcd whether this node may still write its own `liveness/<node>`, writing
+    /// nothing: a transaction whose guard can never hold (a version below 0) and whose
+    /// success branch puts the key. etcd checks the permission of every operation of
+    /// both branches before it evaluates the guard, so a node whose role was revoked
+    /// gets [`StoreError::Denied`]; otherwise the guard fails and no revision is made
+    /// (it is still one raft entry, unlike a read, which would not see a write-only
+    /// revocation nor one hidden by a controller role that reads the whole root).
+    pub async fn check_own_write_permission(&self, node: &NodeId) -> Result<()> {
+        let key = self.keys.liveness(node);
+        let txn = Txn::new()
+            .when(vec![Compare::version(key.clone(), CompareOp::Less, 0)])
+            .and_then(vec![TxnOp::put(key, "", None)]);
+        self.txn("write_permission", txn).await?;
         Ok(())
     }
 

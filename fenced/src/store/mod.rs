@@ -10,10 +10,12 @@
 //! Layout: this file holds the handle ([`EtcdStore`]), its connection and options, the
 //! transaction helpers and the round-trip counter; `error` the classification of
 //! etcd-client errors; `health` the endpoint probe and rotation; `fence` the
-//! controller's transactions (claim, finish, abort); `membership` the agent's (join,
+//! controller's transactions (claim, finish, abort); `presence` the controllers' own
+//! keys (presence, sweep stamp, a standby's check); `membership` the agent's (join,
 //! depart, leases, liveness, watch); `arenas` the arena pool; `view` the one read of
 //! the key space behind the sweep and `fenced status`; `operator` the reads of the
-//! operator commands (`fenced attest`'s view of one node).
+//! operator commands (`fenced attest`'s view of one node); `space` etcd's history and
+//! space as a client sees them (alarms, compaction, database size).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,9 +37,11 @@ mod health;
 mod identity;
 mod membership;
 mod operator;
+mod presence;
 pub mod roles;
 mod rows;
 mod security;
+mod space;
 mod view;
 
 pub use approvals::Approval;
@@ -46,7 +50,11 @@ pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, probe_endpoints};
 pub use membership::{BootRecord, Joined, RestartState};
+pub use presence::apply_controller_event;
 pub use security::{EtcdSecurity, SecurityError};
+pub use space::{
+    Alarm, HISTORY_WARNING_REVISIONS, SpaceFinding, SpaceLevel, SpaceReport, judge_space,
+};
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
     decode_audit, decode_liveness, json_text,
@@ -64,14 +72,17 @@ tokio::task_local! {
 /// Runs `f` and returns its output with the etcd round trips `f` itself made through
 /// any store. Unlike differences of [`EtcdStore::round_trips`], work that other tasks
 /// do on a shared store meanwhile (the sweep, the spare-lease refill) is not counted,
-/// so the number is exact however busy the controller is.
+/// so the number is exact however busy the controller is. Counts nest: an enclosing
+/// `count_round_trips` counts these round trips too.
 pub async fn count_round_trips<F: std::future::Future>(f: F) -> (F::Output, u64) {
-    TASK_ROUND_TRIPS
+    let (out, n) = TASK_ROUND_TRIPS
         .scope(std::cell::Cell::new(0), async {
             let out = f.await;
             (out, TASK_ROUND_TRIPS.with(std::cell::Cell::get))
         })
-        .await
+        .await;
+    let _ = TASK_ROUND_TRIPS.try_with(|c| c.set(c.get() + n));
+    (out, n)
 }
 
 /// The etcd store: a client, the key layout, a round-trip counter and the spare claim
@@ -91,6 +102,9 @@ pub struct EtcdStore {
     /// Malformed records the sweep has logged (escaped key -> mod revision), so each
     /// is logged once ([`view`]).
     malformed_seen: Arc<std::sync::Mutex<std::collections::HashMap<String, i64>>>,
+    /// The paged read of the key space ([`view`]): its own KV client (answers up to
+    /// [`StoreOptions::read_max_response_bytes`]) and page size.
+    reader: view::Reader,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
 }
@@ -190,12 +204,23 @@ pub struct StoreOptions {
     /// TLS files and credentials of every connection (the store's and the health
     /// probe's).
     pub security: EtcdSecurity,
+    /// The sweep's and `fenced status`'s read of the key space comes in pages of about
+    /// this many bytes (as decoded), every page at the first page's revision, so the
+    /// read stays one point-in-time view however large the cluster is. A key space
+    /// under this size is one page, one round trip (about 10,000 records of a few
+    /// dozen bytes).
+    pub read_page_bytes: usize,
+    /// The largest answer the paged read accepts (etcd-client's limit for every other
+    /// request: 4 MiB). A page that comes back larger (records much larger than
+    /// their kind usually is) is read again in smaller pages.
+    pub read_max_response_bytes: usize,
 }
 
 impl Default for StoreOptions {
     /// Connect 2 s, requests 5 s (a fence transaction's first attempt 2 s), PING
     /// after 2 s of silence, dropped after 2 s more; health probes 1 s (etcd's own
-    /// `/health` gives its quorum read 1 s).
+    /// `/health` gives its quorum read 1 s); read pages of 1 MiB, a quarter of the
+    /// 4 MiB answers are limited to.
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
@@ -205,6 +230,8 @@ impl Default for StoreOptions {
             first_attempt_timeout: Duration::from_secs(2),
             health_timeout: Duration::from_secs(1),
             security: EtcdSecurity::default(),
+            read_page_bytes: 1 << 20,
+            read_max_response_bytes: 4 << 20,
         }
     }
 }
@@ -267,6 +294,7 @@ impl EtcdStore {
                 .await,
             )),
         };
+        let reader = view::Reader::new(&client, opts);
         let store = Self {
             client,
             keys,
@@ -277,6 +305,7 @@ impl EtcdStore {
             removals,
             rotation,
             malformed_seen: Arc::default(),
+            reader,
             _health: health,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.

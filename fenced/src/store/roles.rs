@@ -4,10 +4,11 @@
 //! Every role reads the whole root (the watch, the sweep, `status`). Writes:
 //!
 //! - `fenced-node-<n>`, a node agent: exactly its own `membership/<n>`,
-//!   `instance/<n>`, `liveness/<n>`, `departed/<n>`, `fence_pending/<n>`,
-//!   `fence_done/<n>` (the join drops its own stale intent and mark), `boot/<n>`
-//!   (the join's and a clean leave's boot record), `namespace` (the first join with a
-//!   device records its identity), the prefix `arena_node/<n>/`, and
+//!   `instance/<n>`, `liveness/<n>` (its record, and the agent's periodic check that
+//!   it may still write its own keys: a revoked node self-fences), `departed/<n>`,
+//!   `fence_pending/<n>`, `fence_done/<n>` (the join drops its own stale intent and
+//!   mark), `boot/<n>` (the join's and a clean leave's boot record), `namespace` (the
+//!   first join with a device records its identity), the prefix `arena_node/<n>/`, and
 //!   for each arena of the deployment (`--arenas`) its own claim key
 //!   `arena_claim/<arena>/<n>`, one grant each: a claim is created only while no key
 //!   of that arena's claim range exists (compared by the claim transaction), so a node
@@ -20,7 +21,8 @@
 //! - `fenced-controller`: the fence path for every node: `fence_pending/`,
 //!   `fence_claim/`, `gen/`, `fence_done/`, `audit/`, and the fenced node's arenas
 //!   (`arena_claim/`, `arena_node/`); the pool `arena_pool/` (`--seed-arenas`) and the
-//!   older layout's `arena_owner/`, `arena_free/` (which `--seed-arenas` converts).
+//!   older layout's `arena_owner/`, `arena_free/` (which `--seed-arenas` converts); and
+//!   `controller/` (its presence, the sweep stamp: who claims first and who sweeps).
 //! - `fenced-operator`: `fenced attest` runs the same fence path, so the same writes
 //!   as the controller, plus `approval/` (two-person fences, `fenced approve`) and `boot/`
 //!   (`fenced unfence`); a separate role so people and daemons are granted apart.
@@ -96,6 +98,8 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId], arenas: &[String]) -> Vec<EtcdRo
             read_prefix(keys.root()),
             write_key(keys.membership(n)),
             write_key(keys.instance(n)),
+            // The liveness record, and the keepalive's write-permission check
+            // (a transaction that would put it, whose guard never holds).
             write_key(keys.liveness(n)),
             write_key(keys.departed(n)),
             write_key(keys.pending(n)),
@@ -129,10 +133,13 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId], arenas: &[String]) -> Vec<EtcdRo
         write_prefix(keys.legacy_arena_owner_prefix()),
         write_prefix(keys.legacy_arena_free_prefix()),
     ];
+    let mut controller = fence_path.clone();
+    // Presence and the sweep stamp (`core::Roster`).
+    controller.push(write_prefix(keys.controller_prefix()));
     roles.push(EtcdRole {
         name: CONTROLLER_ROLE.to_owned(),
         node: None,
-        grants: fence_path.clone(),
+        grants: controller,
     });
     let mut operator = fence_path;
     // Two-person attested fences (`--approvals 2`).
@@ -290,5 +297,8 @@ mod tests {
                 "{r:?}"
             );
         }
+        assert!(covers(ctl, &keys.controller_live("b/i-1")) && covers(ctl, &keys.sweep_done()));
+        assert!(!covers(node_a, &keys.controller_live("a/i-1")));
+        assert!(!covers(&roles[3], &keys.sweep_done()));
     }
 }

@@ -59,10 +59,21 @@ pub struct NodeRow {
     /// Its instance id: the membership's, else the one recorded at its last join.
     pub instance: Option<String>,
     /// Unix ms of the agent's last recorded lease renewal (`liveness/<node>`, the
-    /// agent's clock).
+    /// agent's clock): known only from a record of an older version, which stamped
+    /// it at every renewal (`liveness_refresh_ms` 0); `None` otherwise, as today's
+    /// agents record no renewal (their stamp is [`NodeRow::liveness_stamp_unix_ms`]).
     pub last_renewal_unix_ms: Option<u64>,
+    /// Unix ms of the agent's last liveness stamp (`liveness/<node>`, the agent's
+    /// clock): when it last proved itself alive in a record. Written when the agent
+    /// starts and refreshed every [`NodeRow::liveness_refresh_ms`]. A member's lease
+    /// was renewed within `lease_ttl_ms` whatever this says: etcd holds it.
+    pub liveness_stamp_unix_ms: Option<u64>,
     /// The TTL of the lease it renews (ms), from the same record.
     pub lease_ttl_ms: Option<u64>,
+    /// How often the agent refreshes that stamp (ms), from the same record: a node
+    /// that stopped did so at most this long after its stamp. 0: a record of an older
+    /// version, stamped at every renewal.
+    pub liveness_refresh_ms: Option<u64>,
     /// `gen/<node>` (`None`: absent or malformed, see `malformed`).
     pub generation: Option<u64>,
     /// A fence is owed: what the sweep would do now.
@@ -92,8 +103,9 @@ pub struct Owed {
     pub intent_recorded: bool,
     /// A controller holds the claim: the fence is in progress there.
     pub in_progress_by: Option<String>,
-    /// Owed since at least: the node's last recorded lease renewal (its lease expired
-    /// up to one TTL after). `None`: no renewal was ever recorded.
+    /// Owed since no earlier than: the node's last liveness stamp (its lease expired
+    /// up to the stamp's refresh period plus one TTL after). `None`: no stamp was ever
+    /// recorded.
     pub since_unix_ms: Option<u64>,
 }
 
@@ -200,11 +212,13 @@ pub struct AuditEntry {
     pub steps: Vec<serde_json::Value>,
 }
 
-/// Largest liveness record accepted (fenced writes under 100 bytes).
+/// Largest liveness record accepted (fenced writes about 100 bytes).
 pub(super) const MAX_LIVENESS_BYTES: usize = 1024;
 
-/// Decodes one `liveness/` value: the JSON [`LivenessRecord`] the agent writes at each
-/// renewal (a bare number, written by older versions, is refused with why).
+/// Decodes one `liveness/` value: the JSON [`LivenessRecord`] the agent writes at start
+/// and then rarely (the previous version's, written at each renewal without
+/// `refresh_ms`, decodes too; a bare number, written by older versions still, is
+/// refused with why).
 pub fn decode_liveness(value: &[u8]) -> Result<LivenessRecord, Malformed> {
     if value.len() > MAX_LIVENESS_BYTES {
         return Err(Malformed::TooLong {

@@ -1,5 +1,15 @@
 //! One read of the key space: the sweep's snapshot and `fenced status` are two views of
-//! it, so both cost one transaction and see one revision.
+//! it, so both see one revision.
+//!
+//! The read comes in pages ([`Reader`]): each page is one transaction of range reads,
+//! every page after the first pinned to the first one's revision and resuming after
+//! the last key read, so the pages add up to one point-in-time view (the claim's
+//! guards compare mod revisions of that view). A page is sized to about
+//! [`StoreOptions::read_page_bytes`] from what the earlier pages measured, so a
+//! cluster of 100,000 nodes stays far under etcd-client's 4 MiB answer limit, while a
+//! small one is one page, one round trip. A page that still comes back too large is
+//! read again smaller; a revision compacted away mid-read restarts the read at the
+//! newest revision (a few times, then a clear error).
 //!
 //! Every key and value is decoded with the typed decoders of [`crate::keys`]. A record
 //! that does not decode never fails the read: it is listed as a [`MalformedRecord`]
@@ -32,9 +42,11 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use etcd_client::{GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use std::future::Future;
 
-use super::{EtcdStore, Result, StoreError, count, prefix, prefix_keys_only, revision};
+use etcd_client::{Client, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpResponse};
+
+use super::{EtcdStore, Result, StoreError, StoreOptions, prefix};
 use crate::core::SweepSnapshot;
 use crate::core::attest::LivenessRecord;
 use crate::keys::{Keys, Malformed, decode_id_text, decode_node_id, decode_u64};
@@ -84,10 +96,10 @@ enum Scope {
     Status,
 }
 
-/// Everything under the root that the sweep and `fenced status` look at, as read by one
-/// transaction (each field: the key-value pairs under one prefix, in key order).
+/// Everything under the root that the sweep and `fenced status` look at, as read at
+/// one revision (each field: the key-value pairs under one prefix, in key order).
 struct KeySpace {
-    /// The transaction's revision.
+    /// The revision every page was read at.
     revision: i64,
     generations: Vec<KeyValue>,
     pending: Vec<KeyValue>,
@@ -110,14 +122,6 @@ struct KeySpace {
     audits: Vec<KeyValue>,
     /// The older layout's `arena_owner/` and `arena_free/` ([`Scope::Status`] only).
     legacy_arenas: Vec<KeyValue>,
-}
-
-/// The key-value pairs of a range read, taken out of the answer.
-fn take_kvs(op: TxnOpResponse) -> Vec<KeyValue> {
-    match op {
-        TxnOpResponse::Get(mut g) => g.take_kvs(),
-        _ => Vec::new(),
-    }
 }
 
 /// A key as one escaped line (at most 300 characters).
@@ -391,8 +395,11 @@ fn rows(
     }
     for (n, l) in liveness {
         let r = row(&mut rows, n);
-        r.last_renewal_unix_ms = Some(l.unix_ms);
+        // Only an older agent's record, stamped at every renewal, dates a renewal.
+        r.last_renewal_unix_ms = Some(l.unix_ms).filter(|_| l.refresh_ms == 0);
+        r.liveness_stamp_unix_ms = Some(l.unix_ms);
         r.lease_ttl_ms = Some(l.ttl_ms);
+        r.liveness_refresh_ms = Some(l.refresh_ms);
     }
     let plan = crate::core::plan_sweep(s);
     let owed = plan
@@ -436,37 +443,199 @@ fn rows(
     rows
 }
 
-impl EtcdStore {
-    /// Reads everything the sweep and `fenced status` look at, in one transaction
-    /// (`op` names it in errors).
-    async fn key_space(&self, op: &'static str, scope: Scope) -> Result<KeySpace> {
-        let k = &self.keys;
-        let mut ops = vec![
-            TxnOp::get(k.generation_prefix(), prefix()),
-            TxnOp::get(k.pending_prefix(), prefix()),
-            TxnOp::get(k.done_prefix(), prefix()),
-            TxnOp::get(k.membership_prefix(), prefix()),
-            TxnOp::get(k.departed_prefix(), prefix()),
-            TxnOp::get(k.arena_node_all_prefix(), prefix_keys_only()),
-            TxnOp::get(k.claim_prefix(), prefix()),
-            TxnOp::get(k.instance_prefix(), prefix()),
-            TxnOp::get(k.arena_claim_prefix(), prefix_keys_only()),
-            TxnOp::get(k.arena_pool_prefix(), prefix_keys_only()),
-            TxnOp::get(
-                k.audit_prefix(),
-                Some(GetOptions::new().with_prefix().with_count_only()),
-            ),
-        ];
-        if scope == Scope::Status {
-            ops.push(TxnOp::get(k.liveness_prefix(), prefix()));
-            ops.push(TxnOp::get(k.audit_prefix(), prefix()));
-            ops.push(TxnOp::get(k.legacy_arena_owner_prefix(), prefix()));
-            ops.push(TxnOp::get(k.legacy_arena_free_prefix(), prefix_keys_only()));
+/// What a range of the read returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Keys and values.
+    Values,
+    /// Keys only: the records whose value no view reads.
+    Keys,
+    /// Only the number of keys (read with the first page).
+    Count,
+}
+
+/// One prefix range of the read, with a guess of its bytes per record as decoded
+/// (key, value, revisions, framing) that sizes the first page. Later pages use what
+/// the earlier ones measured.
+#[derive(Debug, Clone)]
+struct Span {
+    prefix: String,
+    want: Want,
+    guess: usize,
+}
+
+/// Bytes per record the first page assumes: a node record (`gen/`, `membership/`,
+/// ...: a key naming a node, a short value, revisions and a lease)...
+const NODE_RECORD_GUESS: usize = 80;
+/// ...an arena record (a key naming a node and an arena, or an arena and its owner)...
+const ARENA_RECORD_GUESS: usize = 120;
+/// ...a liveness stamp (a small JSON object)...
+const LIVENESS_GUESS: usize = 160;
+/// ...and an audit record (JSON with the fence's steps; at most 64 KiB, usually under 1).
+const AUDIT_GUESS: usize = 1024;
+
+/// How many times a read cut by compaction is started again at the newest revision.
+const READ_ATTEMPTS: u32 = 3;
+
+/// The ranges of the read, in the order [`KeySpace`] takes them.
+fn spans(k: &Keys, scope: Scope) -> Vec<Span> {
+    let span = |prefix, want, guess| Span {
+        prefix,
+        want,
+        guess,
+    };
+    let mut v = vec![
+        span(k.generation_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.pending_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.done_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.membership_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.departed_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.arena_node_all_prefix(), Want::Keys, ARENA_RECORD_GUESS),
+        span(k.claim_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.instance_prefix(), Want::Values, NODE_RECORD_GUESS),
+        span(k.arena_claim_prefix(), Want::Keys, ARENA_RECORD_GUESS),
+        span(k.arena_pool_prefix(), Want::Keys, ARENA_RECORD_GUESS),
+        span(k.audit_prefix(), Want::Count, 0),
+    ];
+    if scope == Scope::Status {
+        v.push(span(k.liveness_prefix(), Want::Values, LIVENESS_GUESS));
+        v.push(span(k.audit_prefix(), Want::Values, AUDIT_GUESS));
+        // The arena layout before per-node claims (listed, never used).
+        v.push(span(
+            k.legacy_arena_owner_prefix(),
+            Want::Values,
+            ARENA_RECORD_GUESS,
+        ));
+        v.push(span(
+            k.legacy_arena_free_prefix(),
+            Want::Keys,
+            ARENA_RECORD_GUESS,
+        ));
+    }
+    v
+}
+
+/// The paged read's KV client (answers up to
+/// [`StoreOptions::read_max_response_bytes`]) and its page size.
+#[derive(Clone)]
+pub(super) struct Reader {
+    kv: KvClient,
+    page_bytes: usize,
+    max_response_bytes: usize,
+}
+
+impl Reader {
+    pub(super) fn new(client: &Client, opts: &StoreOptions) -> Self {
+        Self {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(opts.read_max_response_bytes),
+            page_bytes: opts.read_page_bytes.max(1),
+            max_response_bytes: opts.read_max_response_bytes,
         }
-        let resp = self.txn(op, Txn::new().and_then(ops)).await?;
-        let ops = resp.op_responses();
-        let audit_records = ops.get(10).map_or(0, count);
-        let mut ranges = ops.into_iter().map(take_kvs);
+    }
+}
+
+/// The first key after every key that starts with `prefix` (etcd's prefix range end).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // Every key starts with the empty prefix: etcd reads `\0` as "to the end".
+    vec![0]
+}
+
+/// Bytes of a protobuf varint.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
+/// Bytes `kv` takes in a range answer: the `KeyValue` message and its framing (the
+/// size etcd-client's answer limit counts).
+fn encoded_len(kv: &KeyValue) -> usize {
+    let bytes = |n: usize| match n {
+        0 => 0,
+        n => 1 + varint_len(n as u64) + n,
+    };
+    // Negative numbers (none expected) take 10 bytes, as `v as u64` does.
+    let int = |v: i64| match v {
+        0 => 0,
+        v => 1 + varint_len(v as u64),
+    };
+    let body = bytes(kv.key().len())
+        + bytes(kv.value().len())
+        + int(kv.create_revision())
+        + int(kv.mod_revision())
+        + int(kv.version())
+        + int(kv.lease());
+    1 + varint_len(body as u64) + body
+}
+
+/// Where one span of the read stands.
+#[derive(Default)]
+struct Cursor {
+    /// The key the next page starts at (`None`: the span's prefix).
+    resume: Option<Vec<u8>>,
+    done: bool,
+    /// Records read so far, and the bytes they took, which size the next pages.
+    records: usize,
+    bytes: usize,
+}
+
+/// The spans as read at one revision.
+struct Paged {
+    revision: i64,
+    /// Per span: the key-value pairs in key order ([`Want::Count`]: none).
+    kvs: Vec<Vec<KeyValue>>,
+    /// Per span: the number of keys ([`Want::Count`] only).
+    counts: Vec<usize>,
+}
+
+/// How far a read got (for the error when compaction keeps cutting it).
+#[derive(Default, Clone, Copy)]
+struct Progress {
+    revision: i64,
+    pages: u32,
+}
+
+/// A page came back larger than the client accepts.
+fn too_large(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::OutOfRange && s.message().contains("message length too large"))
+}
+
+/// A store error whose cause is our own explanation (`code`: how it classifies).
+fn explained(code: tonic::Code, why: String) -> etcd_client::Error {
+    etcd_client::Error::GRpcStatus(tonic::Status::new(code, why))
+}
+
+impl EtcdStore {
+    /// Reads everything the sweep and `fenced status` look at, at one revision, in
+    /// pages (`op` names it in errors).
+    async fn key_space(&self, op: &'static str, scope: Scope) -> Result<KeySpace> {
+        self.key_space_with(op, scope, |_, _| async {}).await
+    }
+
+    /// [`Self::key_space`], running `between(pages_read, revision)` before each page
+    /// after the first (the tests write and compact there).
+    async fn key_space_with<F, Fut>(
+        &self,
+        op: &'static str,
+        scope: Scope,
+        between: F,
+    ) -> Result<KeySpace>
+    where
+        F: FnMut(u32, i64) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let spans = spans(&self.keys, scope);
+        let read = self.read_spans(op, &spans, between).await?;
+        let audit_records = read.counts.get(10).copied().unwrap_or(0);
+        let mut ranges = read.kvs.into_iter();
         let mut next = || ranges.next().unwrap_or_default();
         let (generations, pending, done, members, departed) =
             (next(), next(), next(), next(), next());
@@ -474,7 +643,7 @@ impl EtcdStore {
             (next(), next(), next(), next(), next());
         let _audit_count = next();
         Ok(KeySpace {
-            revision: revision(&resp),
+            revision: read.revision,
             generations,
             pending,
             done,
@@ -492,8 +661,218 @@ impl EtcdStore {
         })
     }
 
-    /// `sweep`: the snapshot of every node's records and the revision it was read at,
-    /// one transaction. Records that do not decode are left out as the module docs
+    /// Reads `spans` at one revision, starting again at the newest revision when
+    /// compaction removes the one being read before the last page (at most
+    /// [`READ_ATTEMPTS`] times).
+    async fn read_spans<F, Fut>(
+        &self,
+        op: &'static str,
+        spans: &[Span],
+        mut between: F,
+    ) -> Result<Paged>
+    where
+        F: FnMut(u32, i64) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut cause = None;
+        let mut progress = Progress::default();
+        for attempt in 1..=READ_ATTEMPTS {
+            progress = Progress::default();
+            match self
+                .read_pages(op, spans, &mut between, &mut progress)
+                .await
+            {
+                Err(StoreError::Compacted { source, .. }) => {
+                    tracing::info!(
+                        step = op,
+                        attempt,
+                        revision = progress.revision,
+                        pages = progress.pages,
+                        cause = %source,
+                        "the revision of a paged read was compacted before its last page; reading again at the newest revision"
+                    );
+                    cause = Some(source);
+                }
+                other => return other,
+            }
+        }
+        let cause = cause.map_or_else(String::new, |c| c.to_string());
+        Err(StoreError::Compacted {
+            op,
+            source: explained(
+                tonic::Code::OutOfRange,
+                format!(
+                    "the key space is read in pages at one revision, and etcd compacted that revision before the last page on each of {READ_ATTEMPTS} attempts (the last at revision {}, after {} pages): compaction runs more often than one read takes; keep more history (etcd --auto-compaction-retention) or raise read_page_bytes so the read takes fewer pages (last cause: {cause})",
+                    progress.revision, progress.pages
+                ),
+            ),
+        })
+    }
+
+    /// One attempt of [`Self::read_spans`].
+    async fn read_pages<F, Fut>(
+        &self,
+        op: &'static str,
+        spans: &[Span],
+        between: &mut F,
+        progress: &mut Progress,
+    ) -> Result<Paged>
+    where
+        F: FnMut(u32, i64) -> Fut,
+        Fut: Future<Output = ()>,
+    {
+        let mut cursors: Vec<Cursor> = spans.iter().map(|_| Cursor::default()).collect();
+        let mut out = Paged {
+            revision: 0,
+            kvs: spans.iter().map(|_| Vec::new()).collect(),
+            counts: vec![0; spans.len()],
+        };
+        // What a page may hold; both shrink when a page comes back too large.
+        let mut budget = self.reader.page_bytes;
+        let mut width = spans.len();
+        loop {
+            let open: Vec<usize> = (0..spans.len())
+                .filter(|&i| !cursors[i].done)
+                .take(width)
+                .collect();
+            if open.is_empty() {
+                return Ok(out);
+            }
+            if progress.pages > 0 {
+                between(progress.pages, out.revision).await;
+            }
+            let listing = open
+                .iter()
+                .filter(|&&i| spans[i].want != Want::Count)
+                .count()
+                .max(1);
+            let mut ops = Vec::with_capacity(open.len());
+            let mut limits = Vec::with_capacity(open.len());
+            for &i in &open {
+                let (span, cursor) = (&spans[i], &cursors[i]);
+                let per_record = match cursor.records {
+                    0 => span.guess,
+                    n => cursor.bytes.div_ceil(n),
+                }
+                .max(1);
+                let limit = (budget / listing / per_record).max(1);
+                let mut o = GetOptions::new()
+                    .with_range(prefix_end(span.prefix.as_bytes()))
+                    .with_revision(out.revision);
+                o = match span.want {
+                    Want::Count => o.with_count_only(),
+                    Want::Keys => o.with_keys_only().with_limit(limit as i64),
+                    Want::Values => o.with_limit(limit as i64),
+                };
+                limits.push(if span.want == Want::Count { 0 } else { limit });
+                let start = cursor
+                    .resume
+                    .clone()
+                    .unwrap_or_else(|| span.prefix.as_bytes().to_vec());
+                ops.push(TxnOp::get(start, Some(o)));
+            }
+            self.rt();
+            let answer = self.reader.kv.clone().txn(Txn::new().and_then(ops)).await;
+            let resp = match answer {
+                Ok(r) => r,
+                Err(e) if too_large(&e) => {
+                    if limits.iter().any(|&l| l > 1) {
+                        budget = (budget / 2).max(1);
+                    } else if open.len() > 1 {
+                        width = (open.len() / 2).max(1);
+                    } else {
+                        let span = &spans[open[0]];
+                        let after = cursors[open[0]]
+                            .resume
+                            .as_deref()
+                            .map_or_else(|| "its first key".to_owned(), escaped_key);
+                        return Err(StoreError::Other {
+                            op,
+                            source: explained(
+                                tonic::Code::OutOfRange,
+                                format!(
+                                    "one record under {} (at or after {after}) is larger than the read accepts ({} bytes; etcd-client: {e}): raise read_max_response_bytes, or repair or delete the record",
+                                    escaped_key(span.prefix.as_bytes()),
+                                    self.reader.max_response_bytes
+                                ),
+                            ),
+                        });
+                    }
+                    tracing::debug!(
+                        step = op,
+                        budget,
+                        width,
+                        "a page of the read came back too large; reading it again smaller"
+                    );
+                    continue;
+                }
+                Err(e) => return Err(StoreError::classify(op, e)),
+            };
+            if out.revision == 0 {
+                out.revision = resp.header().map_or(0, |h| h.revision());
+            }
+            let answers = resp.op_responses();
+            if answers.len() != open.len() {
+                return Err(StoreError::Other {
+                    op,
+                    source: explained(
+                        tonic::Code::Internal,
+                        format!(
+                            "etcd answered {} of the {} range reads of a page",
+                            answers.len(),
+                            open.len()
+                        ),
+                    ),
+                });
+            }
+            for (answer, &i) in answers.into_iter().zip(&open) {
+                let TxnOpResponse::Get(mut g) = answer else {
+                    return Err(StoreError::Other {
+                        op,
+                        source: explained(
+                            tonic::Code::Internal,
+                            "etcd answered a range read with something else".to_owned(),
+                        ),
+                    });
+                };
+                let cursor = &mut cursors[i];
+                if spans[i].want == Want::Count {
+                    out.counts[i] = usize::try_from(g.count()).unwrap_or(usize::MAX);
+                    cursor.done = true;
+                    continue;
+                }
+                let kvs = g.take_kvs();
+                cursor.records += kvs.len();
+                cursor.bytes += kvs.iter().map(encoded_len).sum::<usize>();
+                match (g.more(), kvs.last()) {
+                    (false, _) => cursor.done = true,
+                    (true, Some(last)) => {
+                        let mut resume = last.key().to_vec();
+                        resume.push(0);
+                        cursor.resume = Some(resume);
+                    }
+                    (true, None) => {
+                        return Err(StoreError::Other {
+                            op,
+                            source: explained(
+                                tonic::Code::Internal,
+                                format!(
+                                    "etcd said more records follow under {} but sent none",
+                                    escaped_key(spans[i].prefix.as_bytes())
+                                ),
+                            ),
+                        });
+                    }
+                }
+                out.kvs[i].extend(kvs);
+            }
+            progress.revision = out.revision;
+            progress.pages += 1;
+        }
+    }
+
+    /// `sweep`: the snapshot of every node's records and the revision it was read at
+    /// (one round trip unless the key space is larger than a page). Records that do not decode are left out as the module docs
     /// say and logged once per key (again only when the key is rewritten).
     pub async fn sweep_snapshot(&self) -> Result<(SweepSnapshot, i64)> {
         let space = self.key_space("sweep", Scope::Sweep).await?;
@@ -525,7 +904,7 @@ impl EtcdStore {
         seen.retain(|k, _| current.contains(k.as_str()));
     }
 
-    /// Everything `fenced status` shows, in one transaction.
+    /// Everything `fenced status` shows, read at one revision.
     pub async fn status(&self) -> Result<Status> {
         Ok(self
             .key_space("status", Scope::Status)
@@ -607,11 +986,24 @@ mod tests {
             ttl_ms: 2000,
             margin_ms: 4000,
             unix_ms: 1700,
+            refresh_ms: 31_000,
         };
         assert_eq!(decode_liveness(r.encode().as_bytes()), Ok(r));
         for bad in [&b"1700"[..], b"yesterday", b"{}", b"\xff", &[b' '; 2000]] {
             assert!(decode_liveness(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn prefix_ends_and_record_sizes() {
+        assert_eq!(prefix_end(b"/f/gen/"), b"/f/gen0".to_vec());
+        assert_eq!(prefix_end(b"a\xff\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff"), vec![0]);
+        assert_eq!(prefix_end(b""), vec![0]);
+        assert_eq!(
+            [0, 1, 127, 128, 16_383, 16_384, u64::MAX].map(varint_len),
+            [1, 1, 1, 2, 2, 3, 10]
+        );
     }
 
     proptest! {
@@ -652,6 +1044,270 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// The paged read against a real etcd, with the writes and compactions timed
+    /// between its pages (only the read machinery can time them).
+    mod paging {
+        use std::sync::{Arc, Mutex};
+        use std::time::Duration;
+
+        use etcd_client::{Client, PutOptions};
+
+        use super::*;
+        use crate::store::count_round_trips;
+
+        async fn store(
+            etcd: &test_support::Etcd,
+            root: &str,
+            page_bytes: usize,
+            max: usize,
+        ) -> EtcdStore {
+            let opts = StoreOptions {
+                read_page_bytes: page_bytes,
+                read_max_response_bytes: max,
+                ..StoreOptions::default()
+            };
+            EtcdStore::connect_with(&[etcd.endpoint()], root, Duration::from_secs(30), &opts)
+                .await
+                .expect("connect")
+        }
+
+        fn node(i: usize) -> NodeId {
+            NodeId::new(&format!("n{i:03}")).expect("node id")
+        }
+
+        /// `n` nodes at generation 1 with an instance record; every fourth is not a
+        /// member (owed a fence), every eighth has its intent recorded; a liveness
+        /// stamp and an audit record for node 0.
+        async fn seed(client: &mut Client, k: &Keys, n: usize) {
+            let lease = client.lease_grant(3600, None).await.expect("lease").id();
+            let mut ops = Vec::new();
+            for i in 0..n {
+                let id = node(i);
+                ops.push(TxnOp::put(k.generation(&id), "1", None));
+                ops.push(TxnOp::put(k.instance(&id), format!("i-{i:017x}"), None));
+                if i % 4 != 0 {
+                    let lease = Some(PutOptions::new().with_lease(lease));
+                    ops.push(TxnOp::put(k.membership(&id), format!("i-{i:017x}"), lease));
+                }
+                if i % 8 == 0 {
+                    ops.push(TxnOp::put(k.pending(&id), format!("i-{i:017x}"), None));
+                }
+            }
+            let stamp = LivenessRecord {
+                lease,
+                ttl_ms: 2000,
+                margin_ms: 4000,
+                unix_ms: 1700,
+                refresh_ms: 30_000,
+            };
+            ops.push(TxnOp::put(k.liveness(&node(0)), stamp.encode(), None));
+            ops.push(TxnOp::put(
+                k.audit(&node(0), 1),
+                r#"{"node":"n000","generation_after":1,"unix_ms":1700}"#,
+                None,
+            ));
+            let mut ops = ops.into_iter().peekable();
+            while ops.peek().is_some() {
+                let batch: Vec<TxnOp> = ops.by_ref().take(128).collect();
+                client.txn(Txn::new().and_then(batch)).await.expect("seed");
+            }
+        }
+
+        /// A write that lands between two pages: a new node sorting after every
+        /// other, a generation moved, a membership gone.
+        async fn write_between(mut client: Client, k: Keys, page: u32) -> i64 {
+            let late = NodeId::new(&format!("zz{page}")).expect("node id");
+            let resp = client
+                .txn(Txn::new().and_then(vec![
+                    TxnOp::put(k.generation(&late), "1", None),
+                    TxnOp::put(k.membership(&late), "i-late", None),
+                    TxnOp::put(k.generation(&node(0)), format!("{}", 10 + page), None),
+                    TxnOp::delete(k.membership(&node(1)), None),
+                ]))
+                .await
+                .expect("write between pages");
+            resp.header().expect("header").revision()
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn tiny_pages_read_one_revision_and_writes_between_pages_do_not_appear() {
+            let etcd = test_support::Etcd::start();
+            let one_page = store(&etcd, "/paging-a", 1 << 20, 4 << 20).await;
+            let k = one_page.keys().clone();
+            let mut client = one_page.client();
+            seed(&mut client, &k, 10).await;
+            let (_, trips) = count_round_trips(one_page.sweep_snapshot()).await;
+            assert_eq!(trips, 1, "a small key space is one page");
+
+            // Page size 1: every range reads one record per page, and before each page
+            // after the first, a write changes what the read covers.
+            let tiny = store(&etcd, "/paging-a", 1, 4 << 20).await;
+            let seen = Arc::new(Mutex::new(Vec::new()));
+            let hook = |page: u32, rev: i64| {
+                let (client, k, seen) = (client.clone(), k.clone(), seen.clone());
+                async move {
+                    let wrote = write_between(client, k, page).await;
+                    seen.lock().expect("lock").push((rev, wrote));
+                }
+            };
+            let check_seen = |want_rev: i64| {
+                let seen = std::mem::take(&mut *seen.lock().expect("lock"));
+                assert!(seen.len() >= 9, "a write before each later page: {seen:?}");
+                assert!(
+                    seen.iter()
+                        .all(|&(rev, wrote)| rev == want_rev && wrote > want_rev),
+                    "every page at the first page's revision, every write after it: {seen:?}"
+                );
+            };
+
+            let want_status = one_page.status().await.expect("status");
+            let want_rev = want_status.revision;
+            let (space, trips) =
+                count_round_trips(tiny.key_space_with("status", Scope::Status, hook)).await;
+            let space = space.expect("paged status read");
+            assert!(
+                trips >= 10,
+                "10 nodes, pages of 1 record: {trips} round trips"
+            );
+            assert_eq!(space.revision, want_rev);
+            assert_eq!(
+                serde_json::to_value(space.status(&k)).expect("json"),
+                serde_json::to_value(want_status).expect("json"),
+                "the paged status view is the one-page view at the same revision"
+            );
+            check_seen(want_rev);
+
+            let (want, want_rev) = one_page.sweep_snapshot().await.expect("one-page read");
+            let (space, trips) =
+                count_round_trips(tiny.key_space_with("sweep", Scope::Sweep, hook)).await;
+            let space = space.expect("paged sweep read");
+            assert!(trips >= 10, "{trips} round trips");
+            assert_eq!(space.revision, want_rev);
+            assert_eq!(
+                space.decode(&k).snapshot,
+                want,
+                "writes made between pages must not appear"
+            );
+            check_seen(want_rev);
+            // The writes landed: a fresh read sees them.
+            let (now, _) = one_page.sweep_snapshot().await.expect("read");
+            assert_ne!(now, want);
+            assert!(
+                now.generations
+                    .contains_key(&NodeId::new("zz1").expect("id"))
+            );
+            assert!(!now.members.contains_key(&node(1)));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_revision_compacted_mid_read_restarts_the_read_at_the_newest() {
+            let etcd = test_support::Etcd::start();
+            let tiny = store(&etcd, "/paging-b", 1, 4 << 20).await;
+            let k = tiny.keys().clone();
+            let mut client = tiny.client();
+            seed(&mut client, &k, 10).await;
+            let (_, first_rev) = tiny.sweep_snapshot().await.expect("read");
+
+            // Before the second page of the first attempt only: move a generation and
+            // compact up to that write, so the first attempt's revision is gone.
+            let calls = Arc::new(Mutex::new(Vec::new()));
+            let hook = |page: u32, rev: i64| {
+                let (mut client, k, calls) = (client.clone(), k.clone(), calls.clone());
+                async move {
+                    let first = calls.lock().expect("lock").is_empty();
+                    calls.lock().expect("lock").push((page, rev));
+                    if first {
+                        let wrote = write_between(client.clone(), k, 7).await;
+                        client.compact(wrote, None).await.expect("compact");
+                    }
+                }
+            };
+            let space = tiny
+                .key_space_with("sweep", Scope::Sweep, hook)
+                .await
+                .expect("the read restarts after the compaction");
+            let calls = calls.lock().expect("lock").clone();
+            assert_eq!(calls[0].1, first_rev, "{calls:?}");
+            assert!(space.revision > first_rev, "{calls:?}");
+            assert!(
+                calls[1..].iter().all(|&(_, rev)| rev == space.revision),
+                "the second attempt reads at one newer revision: {calls:?}"
+            );
+            let snap = space.decode(&k).snapshot;
+            assert_eq!(
+                snap.generations[&node(0)].0,
+                17,
+                "the second attempt sees the write"
+            );
+            assert!(!snap.members.contains_key(&node(1)));
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_read_compacted_on_every_attempt_fails_with_a_clear_error() {
+            let etcd = test_support::Etcd::start();
+            let tiny = store(&etcd, "/paging-c", 1, 4 << 20).await;
+            let k = tiny.keys().clone();
+            let mut client = tiny.client();
+            seed(&mut client, &k, 4).await;
+            let calls = Arc::new(Mutex::new(0u32));
+            let hook = |page: u32, _rev: i64| {
+                let (mut client, k, calls) = (client.clone(), k.clone(), calls.clone());
+                async move {
+                    *calls.lock().expect("lock") += 1;
+                    let wrote = write_between(client.clone(), k, page).await;
+                    client.compact(wrote, None).await.expect("compact");
+                }
+            };
+            let Err(e) = tiny.key_space_with("sweep", Scope::Sweep, hook).await else {
+                panic!("a read compacted on every attempt must fail");
+            };
+            assert!(e.is_compacted(), "{e}");
+            let m = e.to_string();
+            assert!(
+                m.contains("on each of 3 attempts") && m.contains("--auto-compaction-retention"),
+                "{m}"
+            );
+            assert_eq!(*calls.lock().expect("lock"), READ_ATTEMPTS);
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn a_page_over_the_answer_limit_is_read_again_smaller() {
+            let etcd = test_support::Etcd::start();
+            let one_page = store(&etcd, "/paging-d", 1 << 20, 4 << 20).await;
+            let k = one_page.keys().clone();
+            let mut client = one_page.client();
+            seed(&mut client, &k, 300).await;
+            let (want, rev) = one_page.sweep_snapshot().await.expect("one-page read");
+
+            // Pages sized for 1 MiB, answers refused past 16 KiB: the first page
+            // (~30 KB) is refused and read again in halves.
+            let small = store(&etcd, "/paging-d", 1 << 20, 16 << 10).await;
+            let (read, trips) = count_round_trips(small.sweep_snapshot()).await;
+            assert_eq!(read.expect("paged read"), (want, rev));
+            assert!(
+                trips >= 3,
+                "one refused page and at least two more: {trips}"
+            );
+
+            // One record larger than any answer the read accepts: a clear error.
+            client
+                .put(k.generation(&node(999)), vec![b'7'; 20 << 10], None)
+                .await
+                .expect("put");
+            let e = small
+                .sweep_snapshot()
+                .await
+                .expect_err("a record past the limit");
+            let m = e.to_string();
+            assert!(
+                m.contains("larger than the read accepts")
+                    && m.contains("/paging-d/gen/")
+                    && m.contains("read_max_response_bytes"),
+                "{m}"
+            );
         }
     }
 }

@@ -83,6 +83,8 @@ impl Cluster {
     pub fn controller_cfg(&self, id: &str) -> ControllerConfig {
         let mut c = ControllerConfig::new(id);
         c.sweep_interval = Duration::from_millis(500);
+        // A controller alone: its presence lease as short as a membership's.
+        c.presence_ttl = TTL;
         c
     }
 
@@ -124,6 +126,8 @@ impl Cluster {
         let agent = self.agent(n, arenas).await;
         let mut cfg = self.controller_cfg(n);
         cfg.own_node = Some(node(n));
+        // As `fenced run` does: the controller's presence goes with the membership.
+        cfg.presence_lease = Some(agent.lease);
         let (controller, ctl_task) = self.controller(self.nvme_fencer(n), cfg).await;
         Daemon {
             agent,

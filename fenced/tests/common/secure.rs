@@ -26,6 +26,7 @@ impl SecureEtcd {
             tls: Some(pki.server()),
             client_cert_auth: true,
             auth_token_ttl_secs: token_ttl_secs,
+            ..EtcdOptions::default()
         });
         let s = Self { pki, etcd };
         let mut root = s.client("root").await;

@@ -339,6 +339,16 @@ impl EbsError {
         }
     }
 
+    /// Whether nothing but an operator can make a later attempt at this victim succeed:
+    /// the instance id recorded for the node is missing or not an EC2 id. It was read
+    /// from etcd and stays what it is until the node registers again or an operator
+    /// fences it (`fenced attest`), so retrying every sweep only repeats the failure.
+    /// (A denied call or an unknown volume may be fixed by IAM or configuration
+    /// without touching the node's record: those keep being retried.)
+    pub fn needs_operator(&self) -> bool {
+        matches!(self, Self::NoInstanceId { .. } | Self::BadInstanceId { .. })
+    }
+
     /// Whether a later attempt (the sweep) may succeed without an operator: only running
     /// out of time. Everything else needs a fix, and the sweep keeps logging it.
     pub fn is_retryable(&self) -> bool {
