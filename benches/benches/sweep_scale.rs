@@ -283,8 +283,8 @@ fn sweep_txn(keys: &Keys) -> Txn {
         TxnOp::get(keys.arena_node_all_prefix(), keys_only()),
         TxnOp::get(keys.claim_prefix(), all()),
         TxnOp::get(keys.instance_prefix(), all()),
-        TxnOp::get(keys.arena_owner_prefix(), all()),
-        TxnOp::get(keys.arena_free_prefix(), keys_only()),
+        TxnOp::get(keys.arena_claim_prefix(), keys_only()),
+        TxnOp::get(keys.arena_pool_prefix(), keys_only()),
         TxnOp::get(
             keys.audit_prefix(),
             Some(GetOptions::new().with_prefix().with_count_only()),

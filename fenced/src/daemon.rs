@@ -107,11 +107,17 @@ pub enum DaemonError {
         oncs: bool,
         rescap: u8,
     },
-    #[error("cannot seed the free arenas: {source}")]
+    #[error("cannot seed or check the arena pool: {source}")]
     SeedArenas {
         #[source]
         source: StoreError,
     },
+    /// Arena records of the layout before per-node claims: this version neither reads
+    /// nor writes them, so running next to them could give an arena two owners.
+    #[error(
+        "etcd under {root} holds arena records of the layout before per-node claims, which this fenced does not read: {records}; stop every older fenced, then start one fenced with --seed-arenas naming these arenas (controller or root credentials) to convert them"
+    )]
+    LegacyArenas { root: String, records: String },
     #[cfg(feature = "ebs")]
     #[error("{source}")]
     Ebs {
@@ -187,11 +193,17 @@ async fn check_etcd_space(store: &EtcdStore) -> Result<(), DaemonError> {
     Ok(())
 }
 
+/// Attempts in a row whose TLS connection the server closed right after accepting it
+/// before `connect` takes it for a refused client certificate (a server going away
+/// closes one attempt's, not every one's).
+const CLOSED_TLS_ATTEMPTS: u32 = 3;
+
 /// Connects to etcd, retrying with bounded backoff while no endpoint answers; every
 /// attempt is logged with the endpoints. `give_up`: stop after this long (`None`:
 /// never). Errors other than "unavailable" (bad URL, a TLS file that cannot be read,
-/// a certificate or credentials etcd refuses) are not retried. `etcd`'s TLS files
-/// and credentials replace those of `opts`.
+/// a certificate or credentials etcd refuses) are not retried, nor is a TLS
+/// connection the server closes at once on [`CLOSED_TLS_ATTEMPTS`] attempts in a row.
+/// `etcd`'s TLS files and credentials replace those of `opts`.
 pub async fn connect(
     etcd: &EtcdSettings,
     claim_ttl: Duration,
@@ -205,6 +217,9 @@ pub async fn connect(
     let t0 = Instant::now();
     let mut delay = Duration::from_millis(500);
     let eps = etcd.endpoints.join(",");
+    let tls = etcd.endpoints.iter().all(|e| e.starts_with("https://"));
+    // Consecutive attempts whose TLS connection the server closed at once.
+    let mut closed = 0;
     for attempt in 1.. {
         let attempt_fut = EtcdStore::connect_with(&etcd.endpoints, &etcd.root, claim_ttl, opts);
         // A member that accepts TCP and never answers would hold one attempt for the
@@ -226,7 +241,18 @@ pub async fn connect(
             }
             None => attempt_fut.await,
         };
+        closed = match &result {
+            Err(e) if tls && e.is_closed_by_server() => closed + 1,
+            _ => 0,
+        };
         match result {
+            Err(e) if closed >= CLOSED_TLS_ATTEMPTS => {
+                return Err(ConnectError::Refused {
+                    endpoints: eps,
+                    security: etcd.security.describe(),
+                    source: e.into_tls_refused(),
+                });
+            }
             Ok(s) => {
                 if attempt > 1 {
                     tracing::info!(step = "connect", endpoints = %eps, attempt, waited_s = t0.elapsed().as_secs(), "etcd at {eps} answers; starting");
@@ -570,6 +596,20 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             .add_free_arenas(arenas)
             .await
             .map_err(|source| DaemonError::SeedArenas { source })?;
+    }
+    let legacy = store
+        .legacy_arenas()
+        .await
+        .map_err(|source| DaemonError::SeedArenas { source })?;
+    if !legacy.is_empty() {
+        return Err(DaemonError::LegacyArenas {
+            root: store.keys().root().to_owned(),
+            records: legacy
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
     }
     let _endpoints = AbortOnDrop(tokio::spawn(fenced::metrics::follow_endpoints(
         store.clone(),

@@ -7,9 +7,10 @@
 //! <root>/fence_claim/<node>           create-only, lease-bound, value = controller id
 //! <root>/fence_done/<node>            generation the fence bumped the node to
 //! <root>/departed/<node>              departure marker, value = instance id
-//! <root>/arena_owner/<arena>          owner node id (create-only claim)
+//! <root>/arena_pool/<arena>           the arena exists (seeded; never deleted by a claim)
+//! <root>/arena_claim/<arena>/<node>   the node's claim: created only while no key
+//!                                     under arena_claim/<arena>/ exists (one owner)
 //! <root>/arena_node/<node>/<arena>    index: arenas a node owns (one range read)
-//! <root>/arena_free/<arena>           free pool
 //! <root>/audit/<node>/<generation>    JSON audit record of each fence
 //! <root>/liveness/<node>              JSON: the lease the agent renews, its TTL, margin;
 //!                                     written at start, refreshed every 30 s
@@ -22,6 +23,15 @@
 //! <root>/controller/sweep_done        id of the controller that last completed a full
 //!                                     sweep (its mod revision dates the sweep)
 //! ```
+//!
+//! An arena is free when it is in the pool and no claim names it. A claim key names
+//! its node, so etcd's RBAC can grant a node exactly its own claims
+//! (`arena_claim/<arena>/<node>` for each arena, `crate::store::roles`), while the claim
+//! transaction's compare on the whole `arena_claim/<arena>/` range keeps one owner per
+//! arena. The layout before it (`arena_owner/<arena>` = owner, `arena_free/<arena>`)
+//! named those keys by arena only, so every node had to write every arena's; such
+//! records are converted by `--seed-arenas` and refused by `fenced run` otherwise
+//! (`crate::store::arenas`).
 //!
 //! `controller/` is read by the controllers only (one watch each): it orders who
 //! claims a death first and who sweeps (`core::Roster`), never who may.
@@ -111,6 +121,12 @@ pub enum Malformed {
         /// The first character refused.
         ch: char,
     },
+    /// An arena record of the layout before per-node claims (`arena_owner/`,
+    /// `arena_free/`).
+    #[error(
+        "arena record of the layout before per-node claims (now arena_pool/<arena> and arena_claim/<arena>/<node>)"
+    )]
+    LegacyArenaLayout,
     /// The value is not the JSON record fenced writes.
     #[error("value is not a {what}: {why}")]
     NotJson {
@@ -190,7 +206,7 @@ pub fn decode_id_text(what: &'static str, value: &[u8]) -> Result<String, Malfor
     }
 }
 
-/// A node id written as a value (`arena_owner/<arena>`).
+/// A node id written as a value (the older layout's `arena_owner/<arena>`).
 pub fn decode_node_id(value: &[u8]) -> Result<NodeId, Malformed> {
     if value.len() > crate::node::MAX_NODE_ID_LEN {
         return Err(Malformed::TooLong {
@@ -371,20 +387,42 @@ impl Keys {
         decode_id_text("controller id", id.as_bytes()).map(ControllerKey::Live)
     }
 
-    /// `arena_owner/<arena>`: owner of one arena.
-    pub fn arena_owner(&self, arena: &str) -> String {
+    /// `arena_pool/<arena>`: the arena exists (free when no claim names it).
+    pub fn arena_pool(&self, arena: &str) -> String {
+        format!("{}arena_pool/{arena}", self.root)
+    }
+    /// `arena_pool/`: every arena.
+    pub fn arena_pool_prefix(&self) -> String {
+        format!("{}arena_pool/", self.root)
+    }
+    /// `arena_claim/<arena>/<node>`: `node`'s claim of `arena`.
+    pub fn arena_claim(&self, arena: &str, node: &NodeId) -> String {
+        format!("{}arena_claim/{arena}/{node}", self.root)
+    }
+    /// `arena_claim/<arena>/`: every claim of one arena (a claim is created only while
+    /// this range is empty).
+    pub fn arena_claims_of(&self, arena: &str) -> String {
+        format!("{}arena_claim/{arena}/", self.root)
+    }
+    /// `arena_claim/`: every claim.
+    pub fn arena_claim_prefix(&self) -> String {
+        format!("{}arena_claim/", self.root)
+    }
+    /// `arena_owner/<arena>` of the layout before per-node claims (converted by
+    /// `--seed-arenas`, never written).
+    pub fn legacy_arena_owner(&self, arena: &str) -> String {
         format!("{}arena_owner/{arena}", self.root)
     }
-    /// `arena_owner/`: every arena's owner.
-    pub fn arena_owner_prefix(&self) -> String {
+    /// `arena_owner/` of the layout before per-node claims.
+    pub fn legacy_arena_owner_prefix(&self) -> String {
         format!("{}arena_owner/", self.root)
     }
-    /// `arena_free/<arena>`: the arena is in the free pool.
-    pub fn arena_free(&self, arena: &str) -> String {
+    /// `arena_free/<arena>` of the layout before per-node claims.
+    pub fn legacy_arena_free(&self, arena: &str) -> String {
         format!("{}arena_free/{arena}", self.root)
     }
-    /// The free-pool prefix.
-    pub fn arena_free_prefix(&self) -> String {
+    /// `arena_free/` of the layout before per-node claims.
+    pub fn legacy_arena_free_prefix(&self) -> String {
         format!("{}arena_free/", self.root)
     }
     /// `arena_node/<node>/<arena>`: index of the arenas `node` owns.
@@ -462,7 +500,8 @@ impl Keys {
         Ok((node, arena))
     }
 
-    /// The arena named by a key under `prefix` (`arena_owner/`, `arena_free/`).
+    /// The arena named by a key under `prefix` (`arena_pool/`; the older layout's
+    /// `arena_owner/`, `arena_free/`).
     pub fn decode_arena_key(&self, prefix: &str, key: &[u8]) -> Result<String, Malformed> {
         let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
         let rest = key
@@ -475,6 +514,26 @@ impl Keys {
             });
         }
         decode_arena_name(rest).map(str::to_owned)
+    }
+
+    /// `(arena, node)` of an `arena_claim/<arena>/<node>` key.
+    pub fn decode_arena_claim_key(&self, key: &[u8]) -> Result<(String, NodeId), Malformed> {
+        let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
+        let rest = key
+            .strip_prefix(&self.arena_claim_prefix())
+            .ok_or(Malformed::MissingSegment { what: "prefix" })?;
+        let (arena, node) = rest
+            .split_once('/')
+            .ok_or(Malformed::MissingSegment { what: "node id" })?;
+        let arena = decode_arena_name(arena)?.to_owned();
+        if let Some((node, extra)) = node.split_once('/') {
+            NodeId::new(node).map_err(Malformed::KeyNode)?;
+            return Err(Malformed::ExtraSegment {
+                after: "node id",
+                segment: shown(extra.as_bytes()),
+            });
+        }
+        Ok((arena, NodeId::new(node).map_err(Malformed::KeyNode)?))
     }
 
     /// `audit/<node>/<generation:020>` or `audit/<node>/<generation:020>.failed.<ms>`.
@@ -665,8 +724,34 @@ mod tests {
         );
         assert!(k.decode_audit_key(b"/r/audit/n1/x").is_err());
         assert!(
-            k.decode_arena_key(&k.arena_owner_prefix(), b"/r/arena_owner/a/b")
+            k.decode_arena_key(&k.arena_pool_prefix(), b"/r/arena_pool/a/b")
                 .is_err()
+        );
+        let n1 = NodeId::new("n1").unwrap();
+        assert_eq!(
+            k.decode_arena_claim_key(k.arena_claim("a7", &n1).as_bytes()),
+            Ok(("a7".to_owned(), n1.clone()))
+        );
+        assert!(matches!(
+            k.decode_arena_claim_key(b"/r/arena_claim/a7/n1/x"),
+            Err(Malformed::ExtraSegment { .. })
+        ));
+        assert!(matches!(
+            k.decode_arena_claim_key(b"/r/arena_claim/a7"),
+            Err(Malformed::MissingSegment { .. })
+        ));
+        assert!(matches!(
+            k.decode_arena_claim_key(b"/r/arena_claim/a 7/n1"),
+            Err(Malformed::ArenaName { .. })
+        ));
+        // One arena's claim range holds no other arena's claims.
+        assert!(
+            !k.arena_claim("a70", &n1)
+                .starts_with(&k.arena_claims_of("a7"))
+        );
+        assert!(
+            k.arena_claim("a7", &n1)
+                .starts_with(&k.arena_claims_of("a7"))
         );
     }
 
@@ -707,6 +792,8 @@ mod tests {
                         "instance/",
                         "liveness/",
                         "arena_node/",
+                        "arena_pool/",
+                        "arena_claim/",
                         "arena_owner/",
                         "arena_free/",
                         "audit/",
@@ -763,8 +850,11 @@ mod tests {
                 if let Ok((n, Ok(a))) = keys.decode_arena_node_key(&k) {
                     prop_assert_eq!(keys.arena_node(&n, &a).into_bytes(), k.clone());
                 }
-                if let Ok(a) = keys.decode_arena_key(&keys.arena_owner_prefix(), &k) {
-                    prop_assert_eq!(keys.arena_owner(&a).into_bytes(), k.clone());
+                if let Ok(a) = keys.decode_arena_key(&keys.arena_pool_prefix(), &k) {
+                    prop_assert_eq!(keys.arena_pool(&a).into_bytes(), k.clone());
+                }
+                if let Ok((a, n)) = keys.decode_arena_claim_key(&k) {
+                    prop_assert_eq!(keys.arena_claim(&a, &n).into_bytes(), k.clone());
                 }
                 let _ = keys.decode_audit_key(&k);
             }

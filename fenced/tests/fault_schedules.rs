@@ -23,7 +23,7 @@
 
 mod common;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -519,8 +519,6 @@ fn watch_free_pool(
     let world = world.clone();
     async move {
         let keys = world.store.keys().clone();
-        let free_prefix = keys.arena_free_prefix();
-        let owner_prefix = format!("{}arena_owner/", keys.root());
         let audit_prefix = keys.audit_prefix();
         let mut client = world.store.client();
         let mut stream = client
@@ -540,40 +538,30 @@ fn watch_free_pool(
                         return;
                     }
                 };
-                let key =
-                    |kv: &etcd_client::KeyValue| String::from_utf8_lossy(kv.key()).into_owned();
-                let mut owner_of = HashMap::new();
                 let mut audited = Vec::new();
                 for ev in msg.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    let k = key(kv);
-                    if ev.event_type() == EventType::Delete
-                        && let (Some(arena), Some(prev)) =
-                            (k.strip_prefix(&owner_prefix), ev.prev_kv())
+                    if ev.event_type() == EventType::Put
+                        && kv.key().starts_with(audit_prefix.as_bytes())
                     {
-                        let owner = String::from_utf8_lossy(prev.value()).into_owned();
-                        owner_of.insert((kv.mod_revision(), arena.to_owned()), owner);
-                    }
-                    if ev.event_type() == EventType::Put && k.starts_with(&audit_prefix) {
                         audited.push(kv.mod_revision());
                     }
                 }
+                // A fence frees an arena by deleting its owner's claim
+                // `arena_claim/<arena>/<owner>` (the key names the owner).
                 for ev in msg.events() {
                     let Some(kv) = ev.kv() else { continue };
-                    let k = key(kv);
-                    let Some(arena) = k.strip_prefix(&free_prefix) else {
+                    if ev.event_type() != EventType::Delete {
+                        continue;
+                    }
+                    let Ok((arena, owner)) = keys.decode_arena_claim_key(kv.key()) else {
                         continue;
                     };
                     let rev = kv.mod_revision();
-                    if ev.event_type() != EventType::Put || !audited.contains(&rev) {
+                    if !audited.contains(&rev) {
                         continue;
                     }
-                    let Some(owner) = owner_of.get(&(rev, arena.to_owned())) else {
-                        lock(&violations).push(format!(
-                            "arena {arena} freed by a fence (rev {rev}) without an owner record"
-                        ));
-                        continue;
-                    };
+                    let owner = owner.as_str();
                     if !world.can_write(owner) {
                         continue;
                     }

@@ -91,6 +91,12 @@ fn garbage() -> Vec<(Vec<u8>, Vec<u8>)> {
         kv("arena_owner/ao2/x", b"n1"),
         // arena_free/: arena name with a space.
         kv("arena_free/free one", b""),
+        // arena_claim/: no node segment, arena name with a space, extra segment.
+        kv("arena_claim/ac1", b""),
+        kv("arena_claim/a c/n1", b""),
+        kv("arena_claim/ac2/n1/x", b""),
+        // arena_pool/: arena name with a space.
+        kv("arena_pool/pool one", b""),
         // liveness/: text, negative.
         kv("liveness/l-text", b"yesterday"),
         kv("liveness/l-neg", b"-5"),

@@ -111,6 +111,25 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
         &["expired 2001-01-01", &cert],
     );
 
+    // No client certificate, to a server that requires one: under TLS 1.3 the server
+    // closes each connection after the client's handshake; on the third in a row that
+    // is taken for a refusal, not an unreachable etcd.
+    let mut s = sec.security("ops");
+    s.cert = None;
+    s.key = None;
+    let (o, took) = status(&sec.endpoint(), &s);
+    assert_one_line(
+        "no client certificate",
+        &o,
+        took,
+        limit,
+        &[
+            "refused the connection",
+            "no client certificate",
+            &sec.endpoint(),
+        ],
+    );
+
     // TLS files with a plaintext endpoint: refused before connecting.
     let (o, took) = status(
         &sec.endpoint().replace("https://", "http://"),
@@ -149,8 +168,44 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
         &o,
         t0.elapsed(),
         limit,
-        &["refused the connection", "UnknownIssuer", &ca],
+        &[
+            "refused the connection",
+            "UnknownIssuer",
+            &ca,
+            &sec.endpoint(),
+        ],
     );
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "run with a bad CA: {}",
+        stderr(&o)
+    );
+
+    // The server refuses a client certificate another CA signed: under TLS 1.3 the
+    // client sees the server's alert (BadCertificate) or only a closed connection,
+    // which on the third attempt in a row ends the start too.
+    let mut s = sec.security("n1");
+    let foreign = other.client("n1");
+    s.cert = Some(foreign.cert.clone());
+    s.key = Some(foreign.key);
+    let t0 = Instant::now();
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", "n1", "--root", ROOT])
+        .args(["--etcd-endpoints", &sec.endpoint()])
+        .args(tls_args(&s))
+        .env("FENCED_LOG", "error")
+        .output()
+        .unwrap();
+    let cert = foreign.cert.display().to_string();
+    assert_one_line(
+        "run with a client certificate of another CA",
+        &o,
+        t0.elapsed(),
+        limit,
+        &["refused the connection", &cert, &sec.endpoint()],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
 }
 
 /// Waits until `f` holds, polling every 100 ms, at most `limit`; on a timeout the
@@ -392,12 +447,277 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     assert!(c.running(), "ctl exited: {}", c.log());
 }
 
+/// Every key under the arena prefixes (`arena_pool/`, `arena_claim/`, `arena_node/`)
+/// and its value, read as root.
+async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    for p in ["arena_pool/", "arena_claim/", "arena_node/"] {
+        let r = root
+            .get(
+                format!("{ROOT}{p}"),
+                Some(etcd_client::GetOptions::new().with_prefix()),
+            )
+            .await
+            .unwrap();
+        for kv in r.kvs() {
+            out.push((
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+            ));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_cannot_claim_or_release_another_nodes_arena() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--arenas", "x,y,z"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    assert!(
+        out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/arena_claim/x/a"),
+        "{out}"
+    );
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+    // Agents only, one arena each, from the pool `--apply` seeded.
+    let dir = tempfile::tempdir().unwrap();
+    let agent = |n: &str| {
+        let mut a = sec.args(n);
+        a.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
+        a
+    };
+    let (a_args, b_args) = (agent("a"), agent("b"));
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    wait_for(
+        "a and b each own an arena",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                ["a", "b"]
+                    .iter()
+                    .all(|n| s.arenas.iter().filter(|(_, o)| o == n).count() == 1)
+            })
+        },
+    )
+    .await;
+    let st = ops.status().await.unwrap();
+    let owned_by = |n: &str| {
+        st.arenas
+            .iter()
+            .find(|(_, o)| o == n)
+            .map(|(a, _)| a.clone())
+            .unwrap()
+    };
+    let (arena_a, arena_b) = (owned_by("a"), owned_by("b"));
+    assert_eq!(st.free_arenas.len(), 1, "{:?}", st.free_arenas);
+    let (node_a, node_b) = (
+        fenced::NodeId::new("a").unwrap(),
+        fenced::NodeId::new("b").unwrap(),
+    );
+    let mut root = sec.client("root").await;
+    let rev_of = async |root: &mut etcd_client::Client, n: &str| {
+        let m = root
+            .get(format!("{ROOT}membership/{n}"), None)
+            .await
+            .unwrap();
+        m.kvs()[0].create_revision()
+    };
+    let (a_rev, b_rev) = (rev_of(&mut root, "a").await, rev_of(&mut root, "b").await);
+    let before = arena_keys(&mut root).await;
+    assert!(
+        before
+            .iter()
+            .any(|(k, _)| k == &format!("{ROOT}arena_claim/{arena_a}/a")),
+        "{before:?}"
+    );
+
+    // Through fenced's own transactions with b's credentials: releasing a's arena
+    // is refused by etcd (a's claim key is not b's to delete); claiming it is
+    // refused by the claim's compare (a holds it).
+    let store_b = sec.store("b", ROOT).await.expect("b's store");
+    let e = store_b
+        .release_arena(&node_a, a_rev, &arena_a)
+        .await
+        .expect_err("b released a's arena");
+    assert!(e.is_denied(), "{e}");
+    assert!(e.to_string().contains("permission denied"), "{e}");
+    assert!(
+        !store_b
+            .claim_arena(&node_b, b_rev, &arena_a)
+            .await
+            .expect("b's claim transaction"),
+        "b claimed a's arena"
+    );
+    // Writing the keys directly: a's claim and index, and the pool.
+    let mut as_b = sec.client("b").await;
+    let claim_a = format!("{ROOT}arena_claim/{arena_a}/a");
+    for k in [
+        claim_a.clone(),
+        format!("{ROOT}arena_node/a/{arena_a}"),
+        format!("{ROOT}arena_pool/{arena_a}"),
+        format!("{ROOT}arena_pool/{arena_b}"),
+    ] {
+        let e = as_b
+            .put(k.as_str(), "forged", None)
+            .await
+            .expect_err(&format!("b wrote {k}"));
+        let e = fenced::store::StoreError::classify("put", e);
+        assert!(e.is_denied(), "{k}: {e}");
+        let e = as_b
+            .delete(k.as_str(), None)
+            .await
+            .expect_err(&format!("b deleted {k}"));
+        let e = fenced::store::StoreError::classify("delete", e);
+        assert!(e.is_denied(), "{k}: {e}");
+    }
+    // Nor the layout before per-node claims, whose keys name no node.
+    for k in ["arena_owner/", "arena_free/"] {
+        let e = as_b
+            .put(format!("{ROOT}{k}{arena_a}"), "b", None)
+            .await
+            .expect_err(&format!("b wrote {k}"));
+        assert!(
+            fenced::store::StoreError::classify("put", e).is_denied(),
+            "{k}"
+        );
+    }
+    assert_eq!(
+        arena_keys(&mut root).await,
+        before,
+        "b's attempts changed an arena key"
+    );
+    assert_eq!(store_b.owned_arenas(&node_b).await.unwrap(), [arena_b]);
+    assert!(a.running(), "a exited: {}", a.log());
+    assert!(b.running(), "b exited: {}", b.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arena_records_of_the_older_layout_are_refused_until_converted() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["--arenas", "x,y"])
+        .args(["--etcd-endpoints", &ep])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    sec.add_user("ctl", None, &["fenced-controller"]).await;
+    sec.add_user("ops", None, &["fenced-operator"]).await;
+    // What an older fenced left: a owns x, y is free.
+    let mut root = sec.client("root").await;
+    for (k, v) in [
+        ("arena_owner/x", "a"),
+        ("arena_node/a/x", ""),
+        ("arena_free/y", ""),
+    ] {
+        root.put(format!("{ROOT}{k}"), v, None).await.unwrap();
+    }
+    let run = |n: &str, extra: &[&str]| {
+        let t0 = Instant::now();
+        let o = fenced()
+            .args(["run", "--fencer", "none", "--node-id", n, "--root", ROOT])
+            .args(["--etcd-endpoints", &ep, "--arenas", "1"])
+            .args(sec.args(n))
+            .args(extra)
+            .env("FENCED_LOG", "error")
+            .output()
+            .unwrap();
+        (o, t0.elapsed())
+    };
+    // An agent refuses to start next to them, naming them and the way out.
+    let (o, took) = run("b", &["--role", "agent"]);
+    assert_one_line(
+        "older layout",
+        &o,
+        took,
+        Duration::from_secs(8),
+        &[
+            "layout before per-node claims",
+            "/sec/arena_owner/x = a",
+            "/sec/arena_free/y",
+            "--seed-arenas",
+        ],
+    );
+    // A node's credentials cannot convert them.
+    let (o, took) = run("b", &["--role", "agent", "--seed-arenas", "x,y"]);
+    assert_one_line(
+        "conversion with a node's credentials",
+        &o,
+        took,
+        Duration::from_secs(8),
+        &["cannot seed", "permission denied"],
+    );
+    let legacy = async |root: &mut etcd_client::Client| {
+        let mut n = 0;
+        for p in ["arena_owner/", "arena_free/"] {
+            let r = root
+                .get(
+                    format!("{ROOT}{p}"),
+                    Some(etcd_client::GetOptions::new().with_prefix()),
+                )
+                .await
+                .unwrap();
+            n += r.kvs().len();
+        }
+        n
+    };
+    assert_eq!(legacy(&mut root).await, 2);
+
+    // The controller converts them at its start: a keeps x, y is free.
+    let dir = tempfile::tempdir().unwrap();
+    let mut c_args = sec.args("ctl");
+    c_args.extend(["--role", "controller", "--seed-arenas", "x,y"].map(str::to_owned));
+    let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    let logs = || c.log();
+    wait_for(
+        "the conversion",
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status().await.is_ok_and(|s| {
+                s.arenas == [("x".to_owned(), "a".to_owned())] && s.free_arenas == ["y"]
+            })
+        },
+    )
+    .await;
+    assert_eq!(legacy(&mut root).await, 0);
+    // b starts now, and claims y: x is a's.
+    let mut b_args = sec.args("b");
+    b_args.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+    let logs = || format!("--- b\n{}\n--- ctl\n{}", b.log(), c.log());
+    wait_for("b claimed y", Duration::from_secs(30), logs, async || {
+        ops.status().await.is_ok_and(|s| {
+            s.arenas.contains(&("y".to_owned(), "b".to_owned()))
+                && s.arenas.contains(&("x".to_owned(), "a".to_owned()))
+        })
+    })
+    .await;
+    assert!(b.running(), "b exited: {}", b.log());
+    assert!(c.running(), "ctl exited: {}", c.log());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn revoking_a_nodes_role_makes_it_self_fence() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
     let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
+        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b,c", "--apply"])
         .args(["--etcd-endpoints", &ep])
         .args(sec.args("root"))
         .output()
@@ -466,6 +786,12 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
         .collect();
     assert_eq!(done.len(), 1, "a fenced more than once: {done:?}");
     assert_eq!(ops.generation(&node_a).await.unwrap().0, 1);
+    // c has a role and a seeded generation but never started: b's sweeps (one a
+    // second all along) know it and leave it alone, there is nothing to cut off.
+    let node_c = fenced::NodeId::new("c").unwrap();
+    assert_eq!(ops.generation(&node_c).await.unwrap().0, 0);
+    let audit_c = ops.audit_records(&node_c).await.unwrap();
+    assert!(audit_c.is_empty(), "c was fenced: {audit_c:?}");
 }
 
 /// A fault under TLS and auth: the etcd member is SIGKILLed and restarted while a
@@ -689,22 +1015,17 @@ async fn two_person_attest_waits_for_a_second_distinct_operator() {
     )
     .await;
     let node_b = fenced::NodeId::new("b").unwrap();
-    let attest = |timeout: &str| {
+    // The number of operators from the config file, or from the flags.
+    let config = dir.path().join("fenced.toml");
+    std::fs::write(&config, "approvals = 2\napproval_timeout_secs = 2\n").unwrap();
+    let attest = |how: &[&str]| {
         let mut c = fenced();
-        c.args([
-            "attest",
-            "--root",
-            ROOT,
-            "--node-id",
-            "b",
-            "--approvals",
-            "2",
-        ])
-        .args(["--approval-timeout-secs", timeout])
-        .args(["--reason", "alice: powered off at the PDU"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("alice"))
-        .env_remove("FENCED_NODE_ID");
+        c.args(["attest", "--root", ROOT, "--node-id", "b"])
+            .args(how)
+            .args(["--reason", "alice: powered off at the PDU"])
+            .args(["--etcd-endpoints", &ep])
+            .args(sec.args("alice"))
+            .env_remove("FENCED_NODE_ID");
         c
     };
     let approve = |cn: &str| {
@@ -718,7 +1039,9 @@ async fn two_person_attest_waits_for_a_second_distinct_operator() {
     };
     // No approval in time: nothing fenced.
     let t0 = Instant::now();
-    let o = attest("2").output().unwrap();
+    let o = attest(&["--config", config.to_str().unwrap()])
+        .output()
+        .unwrap();
     let err = stderr(&o);
     assert!(!o.status.success(), "{err}");
     assert!(
@@ -736,7 +1059,7 @@ async fn two_person_attest_waits_for_a_second_distinct_operator() {
     );
 
     // Alice requests; she cannot approve herself; Bob approves; the fence happens.
-    let pending = attest("60")
+    let pending = attest(&["--approvals", "2", "--approval-timeout-secs", "60"])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -79,7 +79,8 @@ pub struct EtcdArgs {
 /// One layer of settings: the `run` flags (with their env vars) and the TOML file's
 /// schema. `etcd_endpoints`, `root` and the etcd TLS and credential settings are file
 /// keys here; their flags are declared by [`EtcdArgs`] (the operator commands take
-/// them too).
+/// them too). So are `approvals` and `approval_timeout_secs`, whose flags are
+/// `fenced attest`'s.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Layer {
@@ -97,6 +98,12 @@ pub struct Layer {
     pub(crate) etcd_user: Option<String>,
     #[arg(skip)]
     pub(crate) etcd_password_file: Option<PathBuf>,
+    /// `fenced attest`'s distinct operators (a file key; `attest` takes the flag).
+    #[arg(skip)]
+    pub(crate) approvals: Option<u32>,
+    /// `fenced attest`'s approval wait (a file key; `attest` takes the flag).
+    #[arg(skip)]
+    pub(crate) approval_timeout_secs: Option<u64>,
     /// This node's id ([A-Za-z0-9._-], at most 63).
     #[arg(long, env = "FENCED_NODE_ID")]
     pub(crate) node_id: Option<String>,

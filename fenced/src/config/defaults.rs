@@ -17,5 +17,11 @@ pub const CLAIM_TTL_SECS: u64 = 120;
 pub const SWEEP_SECS: u64 = 30;
 /// Arenas claimed from the free pool.
 pub const ARENAS: usize = 0;
+/// Distinct operator identities an attested fence needs.
+pub const APPROVALS: u32 = 1;
+/// How long an attested fence waits for its second operator (`--approvals 2`).
+pub const APPROVAL_TIMEOUT_SECS: u64 = 600;
+/// Longest approval wait accepted.
+pub const MAX_APPROVAL_TIMEOUT_SECS: u64 = 86_400;
 /// Shortest etcd keepalive timeout accepted.
 pub const MIN_ETCD_KEEPALIVE_TIMEOUT_SECS: u64 = 1;

@@ -23,6 +23,34 @@ pub struct EtcdSettings {
 /// Environment variable holding the etcd password (when no password file is given).
 pub const ETCD_PASSWORD_ENV: &str = "FENCED_ETCD_PASSWORD";
 
+/// `--connect-timeout-secs`'s variable, which the operator commands read too.
+pub const CONNECT_TIMEOUT_ENV: &str = "FENCED_CONNECT_TIMEOUT_SECS";
+
+/// How long an operator command waits for etcd: `FENCED_CONNECT_TIMEOUT_SECS` when
+/// set (a slow host, e.g. TLS in an emulated guest, may need more than the default's
+/// few seconds), else `default`. Not the file's `connect_timeout_secs`: that is the
+/// daemon's start, often minutes, which a command run by hand should not wait.
+pub fn command_wait(default: std::time::Duration) -> Result<std::time::Duration, ConfigError> {
+    let env = match std::env::var(CONNECT_TIMEOUT_ENV) {
+        Ok(v) => Some(v.trim().parse::<u64>().map_err(|_| ConfigError::BadValue {
+            setting: "FENCED_CONNECT_TIMEOUT_SECS",
+            value: v.clone(),
+            rule: "a whole number of seconds, 1 to 86400",
+        })?),
+        Err(_) => None,
+    };
+    match env {
+        None => Ok(default),
+        Some(t) => in_range(
+            "--connect-timeout-secs",
+            t,
+            1,
+            limits::MAX_CONNECT_TIMEOUT_SECS,
+            "how long a command waits for etcd",
+        ),
+    }
+}
+
 impl EtcdSettings {
     /// The operator commands: endpoints, root, TLS files and credentials from the
     /// flags (or env), else the file, else the defaults; each endpoint and the root

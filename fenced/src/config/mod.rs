@@ -13,6 +13,7 @@ use fenced::NodeId;
 use fenced::agent::OnFenceConfig;
 use fenced::fencer::PreemptMode;
 
+mod approvals;
 mod args;
 mod check;
 pub mod defaults;
@@ -21,10 +22,11 @@ mod etcd;
 mod file;
 pub mod limits;
 
+pub use approvals::ApprovalSettings;
 pub use args::{EtcdArgs, FencerKind, Layer, PreemptArg, Role, RunArgs};
 use check::{check_name, check_path, in_range};
 pub use error::ConfigError;
-pub use etcd::EtcdSettings;
+pub use etcd::{EtcdSettings, command_wait};
 #[cfg(test)]
 use file::parse_file;
 pub use file::{file_kind, load_file};
@@ -81,6 +83,8 @@ impl Settings {
     /// without I/O: each value's range or rule, and the relations between them.
     pub fn resolve(cli: &RunArgs, file: Layer) -> Result<Self, ConfigError> {
         let etcd = EtcdSettings::resolve(&cli.etcd, &file)?;
+        // Not the daemon's, but a bad value in its file fails here too, at start.
+        ApprovalSettings::resolve(None, None, &file)?;
         let l = cli.settings.clone();
         let on_fence = on_fence_config(cli, &l, &file)?;
         let pick = |c: Option<u64>, f: Option<u64>| c.or(f);
@@ -316,6 +320,46 @@ mod tests {
 
     fn file(text: &str) -> Result<Layer, ConfigError> {
         parse_file(Path::new("/etc/fenced.toml"), text)
+    }
+
+    #[test]
+    fn approvals_come_from_the_flag_else_the_file_and_are_range_checked() {
+        let none = Layer::default();
+        let d = ApprovalSettings::resolve(None, None, &none).unwrap();
+        assert_eq!(
+            (d.approvals, d.timeout),
+            (
+                defaults::APPROVALS,
+                Duration::from_secs(defaults::APPROVAL_TIMEOUT_SECS)
+            )
+        );
+        let f = file("approvals = 2\napproval_timeout_secs = 30\n").unwrap();
+        let s = ApprovalSettings::resolve(None, None, &f).unwrap();
+        assert_eq!((s.approvals, s.timeout), (2, Duration::from_secs(30)));
+        let s = ApprovalSettings::resolve(Some(1), Some(5), &f).unwrap();
+        assert_eq!((s.approvals, s.timeout), (1, Duration::from_secs(5)));
+        for (text, setting) in [
+            ("approvals = 3", "--approvals = 3: must be 1..=2"),
+            ("approvals = 0", "--approvals = 0: must be 1..=2"),
+            (
+                "approval_timeout_secs = 0",
+                "--approval-timeout-secs = 0: must be 1..=86400",
+            ),
+        ] {
+            let e = ApprovalSettings::resolve(None, None, &file(text).unwrap()).unwrap_err();
+            assert!(e.to_string().starts_with(setting), "{text}: {e}");
+            // The daemon reads the same file: it refuses it at start.
+            let e = Settings::resolve(
+                &cli(&["--fencer", "none", "--node-id", "n1"]),
+                file(text).unwrap(),
+            )
+            .unwrap_err();
+            assert!(e.to_string().starts_with(setting), "{text}: {e}");
+        }
+        assert!(matches!(
+            file("approvals = \"two\""),
+            Err(ConfigError::Key { key, .. }) if key == "approvals"
+        ));
     }
 
     #[test]
@@ -639,7 +683,7 @@ mod tests {
         let f = parse_file(path, &all).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(f.node_id.as_deref(), Some("db1"));
         if cfg!(feature = "ebs") {
-            let s = Settings::resolve(&cli(&[]), f).unwrap_or_else(|e| panic!("{e}"));
+            let s = Settings::resolve(&cli(&[]), f.clone()).unwrap_or_else(|e| panic!("{e}"));
             // "Keys left commented out take the default shown."
             assert_eq!(s.etcd.endpoints, [defaults::ETCD_ENDPOINT]);
             assert_eq!(s.etcd.root, defaults::ROOT);
@@ -654,6 +698,12 @@ mod tests {
             assert_eq!(s.preempt, PreemptMode::PreemptAndAbort);
             assert_eq!(s.fencer, FencerKind::Nvme);
         }
+        let approval = ApprovalSettings::resolve(None, None, &f).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(approval.approvals, defaults::APPROVALS);
+        assert_eq!(
+            approval.timeout,
+            Duration::from_secs(defaults::APPROVAL_TIMEOUT_SECS)
+        );
     }
 
     #[test]

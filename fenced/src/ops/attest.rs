@@ -59,12 +59,14 @@ pub struct AttestArgs {
     preempt: PreemptArg,
     /// Distinct operator identities the fence needs: with 2, it waits until a second
     /// operator runs `fenced approve --node-id NODE` (identities as etcd authenticated
-    /// them: --etcd-user, else the certificate CN).
-    #[arg(long, env = "FENCED_APPROVALS", default_value = "1")]
-    approvals: u32,
-    /// With --approvals 2: give up after this many seconds without the approval.
-    #[arg(long, default_value = "600")]
-    approval_timeout_secs: u64,
+    /// them: --etcd-user, else the certificate CN). 1 or 2; default: `approvals` in
+    /// the config file, else 1.
+    #[arg(long, env = "FENCED_APPROVALS")]
+    approvals: Option<u32>,
+    /// With --approvals 2: give up after this many seconds without the approval
+    /// (1..=86400; default: `approval_timeout_secs` in the config file, else 600).
+    #[arg(long, env = "FENCED_APPROVAL_TIMEOUT_SECS")]
+    approval_timeout_secs: Option<u64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -123,8 +125,6 @@ pub enum AttestError {
         "no attested fence of {node} awaits approval{mine}: nothing approved (`fenced attest --approvals 2` requests one)"
     )]
     NothingToApprove { node: NodeId, mine: &'static str },
-    #[error("--approvals must be 1 or 2, not {0}")]
-    Approvals(u32),
 }
 
 /// The attestation as a [`Fencer`]: when the attesting host has the shared device,
@@ -307,12 +307,14 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
     if own.as_ref() == Some(&node) {
         return Err(AttestError::OwnNode { node }.into());
     }
-    if !(1..=2).contains(&args.approvals) {
-        return Err(AttestError::Approvals(args.approvals).into());
-    }
+    let file = crate::config::load_file(args.etcd.config.as_deref())?;
+    let approval = crate::config::ApprovalSettings::resolve(
+        args.approvals,
+        args.approval_timeout_secs,
+        &file,
+    )?;
     // The identity etcd authenticated (user, else certificate CN) when there is one:
     // a name anyone can type is not evidence of who attested.
-    let file = crate::config::load_file(args.etcd.config.as_deref())?;
     let operator = crate::config::EtcdSettings::resolve(&args.etcd, &file)?
         .security
         .identity()
@@ -355,15 +357,9 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
         }
         _ => None,
     };
-    let (operator, reason) = if args.approvals == 2 {
-        let approver = await_approval(
-            &store,
-            &node,
-            &operator,
-            &args.reason,
-            Duration::from_secs(args.approval_timeout_secs),
-        )
-        .await?;
+    let (operator, reason) = if approval.approvals == 2 {
+        let approver =
+            await_approval(&store, &node, &operator, &args.reason, approval.timeout).await?;
         (
             format!("{operator}+{}", approver.identity),
             format!(

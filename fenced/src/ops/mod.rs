@@ -60,15 +60,16 @@ impl OpError {
 }
 
 /// Endpoints and root from the flags, the environment or the config file; connect,
-/// waiting at most [`CLI_ETCD_WAIT`].
+/// waiting at most [`CLI_ETCD_WAIT`] (or `FENCED_CONNECT_TIMEOUT_SECS`).
 async fn connect(etcd: &EtcdArgs) -> Result<EtcdStore, OpError> {
     let file = config::load_file(etcd.config.as_deref())?;
     let settings = EtcdSettings::resolve(etcd, &file)?;
+    let wait = config::command_wait(CLI_ETCD_WAIT)?;
     Ok(daemon::connect(
         &settings,
         CLI_CLAIM_TTL,
         &StoreOptions::default(),
-        Some(CLI_ETCD_WAIT),
+        Some(wait),
     )
     .await?)
 }

@@ -41,7 +41,7 @@ pub struct MemState {
     pub claims: BTreeMap<NodeId, (String, i64)>,
     /// `arena_node/<node>/<arena>`.
     pub owned: BTreeMap<NodeId, BTreeSet<String>>,
-    /// `arena_free/<arena>`.
+    /// Free arenas: `arena_pool/<arena>` with no `arena_claim/<arena>/…`.
     pub free: BTreeSet<String>,
     /// `audit/…` records, in write order: (node, generation, failed, JSON).
     pub audit: Vec<(NodeId, u64, bool, String)>,

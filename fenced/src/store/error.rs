@@ -115,6 +115,38 @@ impl StoreError {
         }
     }
 
+    /// An unreachable-looking failure that is a connection the server closed (broken
+    /// pipe, reset, EOF) after accepting it: over TLS, how a server that refuses the
+    /// client certificate (none, expired, another CA's) often shows under TLS 1.3,
+    /// where the client finishes its handshake before the server's verdict arrives.
+    pub fn is_closed_by_server(&self) -> bool {
+        let Self::Unavailable { source, .. } = self else {
+            return false;
+        };
+        let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(source);
+        while let Some(c) = cur {
+            let t = c.to_string().to_ascii_lowercase();
+            if t.contains("broken pipe")
+                || t.contains("connection reset")
+                || t.contains("unexpected eof")
+                || t.contains("connection closed")
+            {
+                return true;
+            }
+            cur = c.source();
+        }
+        false
+    }
+
+    /// [`Self::is_closed_by_server`] seen on every attempt over TLS: taken as the
+    /// handshake refused ([`Self::Tls`]), not retried.
+    pub fn into_tls_refused(self) -> Self {
+        match self {
+            Self::Unavailable { op, source } => Self::Tls { op, source },
+            e => e,
+        }
+    }
+
     /// Worth retrying with backoff.
     pub fn is_retryable(&self) -> bool {
         matches!(self, Self::Unavailable { .. })

@@ -207,9 +207,9 @@ impl EtcdStore {
             TxnOp::delete(k.pending(node), None),
         ];
         for arena in release.unwrap_or_default() {
-            ops.push(TxnOp::delete(k.arena_owner(arena), None));
+            // The victim's claim only (free again: in the pool, unclaimed).
+            ops.push(TxnOp::delete(k.arena_claim(arena, node), None));
             ops.push(TxnOp::delete(k.arena_node(node, arena), None));
-            ops.push(TxnOp::put(k.arena_free(arena), "", None));
         }
         ops.push(TxnOp::put(k.audit(node, to), audit_json.clone(), None));
         ops.push(TxnOp::delete(k.claim(node), None));

@@ -45,6 +45,7 @@ mod space;
 mod view;
 
 pub use approvals::Approval;
+pub use arenas::LegacyArena;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, RequestHook, probe_endpoints};

@@ -7,17 +7,22 @@
 //!   `instance/<n>`, `liveness/<n>` (its record, and the agent's periodic check that
 //!   it may still write its own keys: a revoked node self-fences), `departed/<n>`,
 //!   `fence_pending/<n>`, `fence_done/<n>` (the join drops its own stale intent and
-//!   mark) and `boot/<n>`
-//!   (the join's and a clean leave's boot record), and the prefix
-//!   `arena_node/<n>/`. Plus `arena_owner/` and `arena_free/` as whole prefixes:
-//!   those keys are named by arena, not by node, so etcd cannot tell node A's claim
-//!   from node B's (the remaining gap: a node could release or claim another's arena).
+//!   mark), `boot/<n>` (the join's and a clean leave's boot record), `namespace` (the
+//!   first join with a device records its identity), the prefix `arena_node/<n>/`, and
+//!   for each arena of the deployment (`--arenas`) its own claim key
+//!   `arena_claim/<arena>/<n>`, one grant each: a claim is created only while no key
+//!   of that arena's claim range exists (compared by the claim transaction), so a node
+//!   can neither create a second owner of an arena nor release or forge another
+//!   node's claim. (Out of protocol, a node can still put its own claim key on an
+//!   arena another node owns: that reserves the arena for it once the owner lets it go,
+//!   which a node may do by claiming anyway; the owner's claim is untouched.)
 //!   No `gen/`: the generation of a node is created by `--apply` (below), so an agent
 //!   never writes one.
 //! - `fenced-controller`: the fence path for every node: `fence_pending/`,
 //!   `fence_claim/`, `gen/`, `fence_done/`, `audit/`, and the fenced node's arenas
-//!   (`arena_owner/`, `arena_node/`, `arena_free/`); and `controller/` (its presence,
-//!   the sweep stamp: who claims first and who sweeps).
+//!   (`arena_claim/`, `arena_node/`); the pool `arena_pool/` (`--seed-arenas`) and the
+//!   older layout's `arena_owner/`, `arena_free/` (which `--seed-arenas` converts); and
+//!   `controller/` (its presence, the sweep stamp: who claims first and who sweeps).
 //! - `fenced-operator`: `fenced attest` runs the same fence path, so the same writes
 //!   as the controller, plus `approval/` (two-person fences, `fenced approve`) and `boot/`
 //!   (`fenced unfence`); a separate role so people and daemons are granted apart.
@@ -84,31 +89,35 @@ fn write_prefix(k: String) -> Grant {
     }
 }
 
-/// The roles of a deployment under `keys` with `nodes`: one per node, then the
-/// controller's and the operator's.
-pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
+/// The roles of a deployment under `keys` with `nodes` sharing `arenas`: one per node,
+/// then the controller's and the operator's.
+pub fn role_plan(keys: &Keys, nodes: &[NodeId], arenas: &[String]) -> Vec<EtcdRole> {
     let mut roles = Vec::with_capacity(nodes.len() + 2);
     for n in nodes {
+        let mut grants = vec![
+            read_prefix(keys.root()),
+            write_key(keys.membership(n)),
+            write_key(keys.instance(n)),
+            // The liveness record, and the keepalive's write-permission check
+            // (a transaction that would put it, whose guard never holds).
+            write_key(keys.liveness(n)),
+            write_key(keys.departed(n)),
+            write_key(keys.pending(n)),
+            write_key(keys.done(n)),
+            // The join's and the leave's boot record (the restart rules).
+            write_key(keys.boot(n)),
+            write_prefix(keys.arena_node_prefix(n)),
+            // The first join records the shared namespace's identity (create-only in
+            // the protocol; etcd cannot grant "create only": a node could rewrite it,
+            // which makes fences fail their namespace check, never succeed wrongly).
+            write_key(keys.namespace()),
+        ];
+        // Its own claim of each arena, and nothing of the arena's other claims.
+        grants.extend(arenas.iter().map(|a| write_key(keys.arena_claim(a, n))));
         roles.push(EtcdRole {
             name: node_role(n),
             node: Some(n.clone()),
-            grants: vec![
-                read_prefix(keys.root()),
-                write_key(keys.membership(n)),
-                write_key(keys.instance(n)),
-                // The liveness record, and the keepalive's write-permission check
-                // (a transaction that would put it, whose guard never holds).
-                write_key(keys.liveness(n)),
-                write_key(keys.departed(n)),
-                write_key(keys.pending(n)),
-                write_key(keys.done(n)),
-                // The join's and the leave's boot record (the restart rules).
-                write_key(keys.boot(n)),
-                write_prefix(keys.arena_node_prefix(n)),
-                // Gap: arena keys are named by arena, not by node.
-                write_prefix(keys.arena_owner_prefix()),
-                write_prefix(keys.arena_free_prefix()),
-            ],
+            grants,
         });
     }
     let fence_path = vec![
@@ -118,9 +127,11 @@ pub fn role_plan(keys: &Keys, nodes: &[NodeId]) -> Vec<EtcdRole> {
         write_prefix(keys.generation_prefix()),
         write_prefix(keys.done_prefix()),
         write_prefix(keys.audit_prefix()),
-        write_prefix(keys.arena_owner_prefix()),
+        write_prefix(keys.arena_claim_prefix()),
         write_prefix(keys.arena_node_all_prefix()),
-        write_prefix(keys.arena_free_prefix()),
+        write_prefix(keys.arena_pool_prefix()),
+        write_prefix(keys.legacy_arena_owner_prefix()),
+        write_prefix(keys.legacy_arena_free_prefix()),
     ];
     let mut controller = fence_path.clone();
     // Presence and the sweep stamp (`core::Roster`).
@@ -151,8 +162,15 @@ fn exists(e: &etcd_client::Error) -> bool {
 /// Creates `roles` (adding grants to roles that exist), and for each node role a user
 /// named as the node (no password: its certificate's CN identifies it under
 /// `--client-cert-auth`) holding it; seeds `gen/<node>` = 0 where absent, so agents
-/// need no write on `gen/`. `client` must be etcd's root (or hold the `root` role).
-pub async fn apply_roles(client: &Client, keys: &Keys, roles: &[EtcdRole]) -> Result<()> {
+/// need no write on `gen/` (with `fence_done/<node>` = 0, so the sweep does not fence
+/// a node that has not joined yet), and puts `arenas` into the pool (`arena_pool/<arena>`,
+/// where absent). `client` must be etcd's root (or hold the `root` role).
+pub async fn apply_roles(
+    client: &Client,
+    keys: &Keys,
+    roles: &[EtcdRole],
+    arenas: &[String],
+) -> Result<()> {
     let mut c = client.clone();
     let other = |op: &'static str| move |source| StoreError::classify(op, source);
     for role in roles {
@@ -186,11 +204,24 @@ pub async fn apply_roles(client: &Client, keys: &Keys, roles: &[EtcdRole]) -> Re
             c.user_grant_role(node.as_str(), role.name.clone())
                 .await
                 .map_err(other("user_grant_role"))?;
+            // With the generation, a fence mark at it: a node known to the sweep (by
+            // `gen/`) that is not a member and was never fenced is owed a fence, but
+            // one that never joined has nothing to cut off. Its first join drops the
+            // mark (as any join drops its own stale one).
             let txn = Txn::new()
                 .when(vec![absent(keys.generation(node))])
-                .and_then(vec![TxnOp::put(keys.generation(node), "0", None)]);
+                .and_then(vec![
+                    TxnOp::put(keys.generation(node), "0", None),
+                    TxnOp::put(keys.done(node), "0", None),
+                ]);
             c.txn(txn).await.map_err(other("seed_generation"))?;
         }
+    }
+    for a in arenas {
+        let txn = Txn::new()
+            .when(vec![absent(keys.arena_pool(a))])
+            .and_then(vec![TxnOp::put(keys.arena_pool(a), "", None)]);
+        c.txn(txn).await.map_err(other("seed_arena_pool"))?;
     }
     Ok(())
 }
@@ -204,7 +235,8 @@ mod tests {
         let keys = Keys::new("/f/");
         let a = NodeId::new("a").unwrap();
         let b = NodeId::new("b").unwrap();
-        let roles = role_plan(&keys, &[a.clone(), b.clone()]);
+        let arenas = ["x".to_owned(), "y".to_owned()];
+        let roles = role_plan(&keys, &[a.clone(), b.clone()], &arenas);
         let names: Vec<&str> = roles.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(
             names,
@@ -227,6 +259,9 @@ mod tests {
             keys.liveness(&a),
             keys.instance(&a),
             keys.arena_node(&a, "x"),
+            keys.arena_claim("x", &a),
+            keys.arena_claim("y", &a),
+            keys.namespace(),
         ] {
             assert!(covers(node_a, &own), "{own}");
         }
@@ -235,6 +270,11 @@ mod tests {
             keys.departed(&b),
             keys.liveness(&b),
             keys.arena_node(&b, "x"),
+            keys.arena_claim("x", &b),
+            keys.arena_claim("z", &a),
+            keys.arena_pool("x"),
+            keys.legacy_arena_owner("x"),
+            keys.legacy_arena_free("x"),
             keys.generation(&a),
             keys.generation(&b),
             keys.claim(&b),
@@ -244,6 +284,19 @@ mod tests {
         }
         let ctl = &roles[2];
         assert!(covers(ctl, &keys.generation(&b)) && !covers(ctl, &keys.membership(&b)));
+        // A fence frees the victim's claims; a controller seeds the pool.
+        assert!(covers(ctl, &keys.arena_claim("x", &b)) && covers(ctl, &keys.arena_pool("x")));
+        // No grant of a node covers a key of the older arena layout, whose keys are
+        // named by arena only.
+        for r in &roles[..2] {
+            assert!(
+                !r.grants.iter().any(|g| g.write
+                    && g.prefix
+                    && g.key.contains("arena_")
+                    && !g.key.starts_with(&keys.arena_node_all_prefix())),
+                "{r:?}"
+            );
+        }
         assert!(covers(ctl, &keys.controller_live("b/i-1")) && covers(ctl, &keys.sweep_done()));
         assert!(!covers(node_a, &keys.controller_live("a/i-1")));
         assert!(!covers(&roles[3], &keys.sweep_done()));

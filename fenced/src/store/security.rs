@@ -109,8 +109,9 @@ impl EtcdSecurity {
             Some(p) => parts.push(format!("CA bundle {} (--etcd-ca)", p.display())),
             None => parts.push("the system CA store (no --etcd-ca)".to_owned()),
         }
-        if let Some(p) = &self.cert {
-            parts.push(format!("client certificate {} (--etcd-cert)", p.display()));
+        match &self.cert {
+            Some(p) => parts.push(format!("client certificate {} (--etcd-cert)", p.display())),
+            None => parts.push("no client certificate (no --etcd-cert)".to_owned()),
         }
         if let Some(p) = &self.key {
             parts.push(format!("key {} (--etcd-key)", p.display()));

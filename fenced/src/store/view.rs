@@ -33,9 +33,12 @@
 //!   reads only its presence and revision, written with the bump);
 //! - an `arena_node/<node>/<arena>` whose arena part is malformed: still counted as
 //!   an arena the node owns, so a departure is not honoured on its strength;
-//! - `arena_owner/`, `arena_free/`, `liveness/` and `audit/` records are read by the
+//! - `arena_claim/`, `arena_pool/`, `liveness/` and `audit/` records are read by the
 //!   views only, which show them as malformed (`fenced attest` decodes the liveness
-//!   record of the node it judges itself, and refuses what does not decode).
+//!   record of the node it judges itself, and refuses what does not decode);
+//! - `arena_owner/` and `arena_free/`, the arena layout before per-node claims: read
+//!   by `fenced status` only, which lists every such key (`fenced run` refuses to
+//!   start next to a well-formed one until `--seed-arenas` converts it).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -62,6 +65,7 @@ mod effect {
     pub const DONE: &str = "fence mark still counts (only its presence is read)";
     pub const ARENA: &str = "still counted as an arena the node owns";
     pub const VIEW: &str = "shown as unknown by the views; the sweep does not read it";
+    pub const LEGACY: &str = "not read: fenced run refuses to start until --seed-arenas naming the arena converts it (stop every older fenced first)";
 }
 
 /// Decodes audit key-value pairs: the items, and the malformed ones into `bad`.
@@ -106,15 +110,18 @@ struct KeySpace {
     arena_nodes: Vec<KeyValue>,
     claims: Vec<KeyValue>,
     instances: Vec<KeyValue>,
-    arena_owners: Vec<KeyValue>,
-    /// The free pool (keys only).
-    free_arenas: Vec<KeyValue>,
+    /// The claims `arena_claim/<arena>/<node>` (keys only).
+    arena_claims: Vec<KeyValue>,
+    /// The pool `arena_pool/<arena>` (keys only).
+    arena_pool: Vec<KeyValue>,
     /// Number of audit records (counted, not read).
     audit_records: usize,
     /// `liveness/` ([`Scope::Status`] only).
     liveness: Vec<KeyValue>,
     /// `audit/` with values ([`Scope::Status`] only).
     audits: Vec<KeyValue>,
+    /// The older layout's `arena_owner/` and `arena_free/` ([`Scope::Status`] only).
+    legacy_arenas: Vec<KeyValue>,
 }
 
 /// A key as one escaped line (at most 300 characters).
@@ -265,18 +272,37 @@ impl KeySpace {
         let s = &d.snapshot;
         let name = |n: &NodeId| n.as_str().to_owned();
         let mut arenas = Vec::new();
-        for kv in &self.arena_owners {
-            let arena = k.decode_arena_key(&k.arena_owner_prefix(), kv.key());
-            let owner = decode_node_id(kv.value());
-            match (arena, owner) {
-                (Ok(a), Ok(o)) => arenas.push((a, o.as_str().to_owned())),
-                (Err(e), _) | (_, Err(e)) => bad.add(kv, &e, effect::VIEW),
+        for kv in &self.arena_claims {
+            match k.decode_arena_claim_key(kv.key()) {
+                Ok((a, o)) => arenas.push((a, o.as_str().to_owned())),
+                Err(e) => bad.add(kv, &e, effect::VIEW),
             }
         }
+        let claimed: HashSet<&str> = arenas.iter().map(|(a, _)| a.as_str()).collect();
         let mut free_arenas = Vec::new();
-        for kv in &self.free_arenas {
-            match k.decode_arena_key(&k.arena_free_prefix(), kv.key()) {
+        for kv in &self.arena_pool {
+            match k.decode_arena_key(&k.arena_pool_prefix(), kv.key()) {
+                Ok(a) if claimed.contains(a.as_str()) => {}
                 Ok(a) => free_arenas.push(a),
+                Err(e) => bad.add(kv, &e, effect::VIEW),
+            }
+        }
+        for kv in &self.legacy_arenas {
+            let owner_prefix = k.legacy_arena_owner_prefix();
+            let (prefix, owned) = if kv.key().starts_with(owner_prefix.as_bytes()) {
+                (owner_prefix, true)
+            } else {
+                (k.legacy_arena_free_prefix(), false)
+            };
+            let decoded = k.decode_arena_key(&prefix, kv.key()).and_then(|_| {
+                if owned {
+                    decode_node_id(kv.value()).map(|_| ())
+                } else {
+                    Ok(())
+                }
+            });
+            match decoded {
+                Ok(()) => bad.add(kv, &Malformed::LegacyArenaLayout, effect::LEGACY),
                 Err(e) => bad.add(kv, &e, effect::VIEW),
             }
         }
@@ -467,13 +493,24 @@ fn spans(k: &Keys, scope: Scope) -> Vec<Span> {
         span(k.arena_node_all_prefix(), Want::Keys, ARENA_RECORD_GUESS),
         span(k.claim_prefix(), Want::Values, NODE_RECORD_GUESS),
         span(k.instance_prefix(), Want::Values, NODE_RECORD_GUESS),
-        span(k.arena_owner_prefix(), Want::Values, ARENA_RECORD_GUESS),
-        span(k.arena_free_prefix(), Want::Keys, ARENA_RECORD_GUESS),
+        span(k.arena_claim_prefix(), Want::Keys, ARENA_RECORD_GUESS),
+        span(k.arena_pool_prefix(), Want::Keys, ARENA_RECORD_GUESS),
         span(k.audit_prefix(), Want::Count, 0),
     ];
     if scope == Scope::Status {
         v.push(span(k.liveness_prefix(), Want::Values, LIVENESS_GUESS));
         v.push(span(k.audit_prefix(), Want::Values, AUDIT_GUESS));
+        // The arena layout before per-node claims (listed, never used).
+        v.push(span(
+            k.legacy_arena_owner_prefix(),
+            Want::Values,
+            ARENA_RECORD_GUESS,
+        ));
+        v.push(span(
+            k.legacy_arena_free_prefix(),
+            Want::Keys,
+            ARENA_RECORD_GUESS,
+        ));
     }
     v
 }
@@ -602,7 +639,7 @@ impl EtcdStore {
         let mut next = || ranges.next().unwrap_or_default();
         let (generations, pending, done, members, departed) =
             (next(), next(), next(), next(), next());
-        let (arena_nodes, claims, instances, arena_owners, free_arenas) =
+        let (arena_nodes, claims, instances, arena_claims, arena_pool) =
             (next(), next(), next(), next(), next());
         let _audit_count = next();
         Ok(KeySpace {
@@ -615,11 +652,12 @@ impl EtcdStore {
             arena_nodes,
             claims,
             instances,
-            arena_owners,
-            free_arenas,
+            arena_claims,
+            arena_pool,
             audit_records,
             liveness: next(),
             audits: next(),
+            legacy_arenas: [next(), next()].concat(),
         })
     }
 
