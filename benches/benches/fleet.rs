@@ -21,7 +21,8 @@
 //! controller) and no live daemon was fenced. Full:
 //! `FENCED_BENCH_FULL=1 cargo bench -p benches --bench fleet` (N = 100, 300, 1000;
 //! 5 s TTL; 60 s idle; 10 deaths). Knobs: `FENCED_FLEET_N` (comma-separated),
-//! `FENCED_FLEET_IDLE_SECS`, `FENCED_FLEET_DEATHS`, `FENCED_FLEET_TTL_SECS`,
+//! `FENCED_FLEET_IDLE_SECS`, `FENCED_FLEET_SETTLE_SECS` (extra wait before the idle
+//! window), `FENCED_FLEET_DEATHS`, `FENCED_FLEET_TTL_SECS`,
 //! `FENCED_FLEET_SWEEP_SECS`, `FENCED_FLEET_CLAIM_TTL_SECS`.
 
 use std::collections::{BTreeMap, HashMap};
@@ -383,6 +384,9 @@ struct Seen {
     bumps: HashMap<String, Vec<(Instant, String)>>,
     /// Times a watch stream ended and was opened again.
     watch_restarts: u64,
+    /// Writes (puts and deletes) seen under the root, by first key segment
+    /// (`liveness`, `controller`, ...): what the idle window's writes are.
+    writes_by_prefix: std::collections::BTreeMap<String, u64>,
 }
 
 /// Watches the membership and generation prefixes (two small streams: liveness
@@ -405,9 +409,11 @@ async fn observe(
         .header()
         .map_or(0, |h| h.revision());
     let mut tasks = Vec::new();
+    // `None`: the whole root, only counted by prefix (one small event per write).
     for (prefix, is_gen) in [
-        (keys.membership_prefix(), false),
-        (keys.generation_prefix(), true),
+        (keys.membership_prefix(), Some(false)),
+        (keys.generation_prefix(), Some(true)),
+        (ROOT.to_owned(), None),
     ] {
         let seen = seen.clone();
         let client = client.clone();
@@ -428,6 +434,11 @@ async fn observe(
                         next = next.max(kv.mod_revision() + 1);
                         let key = String::from_utf8_lossy(kv.key());
                         let node = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
+                        let Some(is_gen) = is_gen else {
+                            let first = node.split('/').next().unwrap_or_default().to_owned();
+                            *s.writes_by_prefix.entry(first).or_default() += 1;
+                            continue;
+                        };
                         match (is_gen, ev.event_type()) {
                             (false, EventType::Delete) => {
                                 s.expired.entry(node).or_insert(now);
@@ -602,7 +613,11 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
     // Let the joining burst settle (spare claim leases granted, first sweeps done).
     tokio::time::sleep(p.ttl.max(Duration::from_secs(2))).await;
 
+    if let Some(settle) = env_u64("FENCED_FLEET_SETTLE_SECS") {
+        tokio::time::sleep(Duration::from_secs(settle)).await;
+    }
     // Idle window.
+    let writes0 = seen.lock().expect("seen lock").writes_by_prefix.clone();
     let a = snap(&etcd, &daemons).await;
     let idle_end = tokio::time::Instant::now() + p.idle;
     while tokio::time::Instant::now() < idle_end {
@@ -614,6 +629,19 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
     }
     let b = snap(&etcd, &daemons).await;
     let idle = window(&a, &b);
+    let writes: Vec<String> = seen
+        .lock()
+        .expect("seen lock")
+        .writes_by_prefix
+        .iter()
+        .map(|(k, v)| (k, v - writes0.get(k).copied().unwrap_or(0)))
+        .filter(|(_, d)| *d > 0)
+        .map(|(k, d)| format!("{k} {:.3}/s per node", d as f64 / idle.secs / n as f64))
+        .collect();
+    println!(
+        "fleet: n={n}: writes in the idle window by key prefix: {}",
+        writes.join(", ")
+    );
     let etcd_fds: usize = (0..etcd.len()).map(|i| open_fds(etcd.pid(i))).sum();
     let idle_line = report_idle(n, &idle, etcd_fds, own_rss_mib());
     let ended_idle = daemons
