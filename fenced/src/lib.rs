@@ -22,6 +22,7 @@ pub mod controller;
 pub mod core;
 pub mod fault;
 pub mod fencer;
+pub mod files;
 pub mod guard;
 pub mod instance;
 pub mod keys;

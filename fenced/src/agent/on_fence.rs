@@ -113,27 +113,13 @@ fn reboot_now(sysrq: &Path) -> Result<(), std::io::Error> {
 /// down.
 pub fn check_reboot(sysrq: &Path) -> Result<(), String> {
     use std::os::unix::fs::OpenOptionsExt;
-    let kind = |ft: std::fs::FileType| {
-        use std::os::unix::fs::FileTypeExt;
-        if ft.is_dir() {
-            "directory"
-        } else if ft.is_fifo() {
-            "FIFO"
-        } else if ft.is_socket() {
-            "socket"
-        } else if ft.is_char_device() || ft.is_block_device() {
-            "device"
-        } else {
-            "special file"
-        }
-    };
     let meta = std::fs::metadata(sysrq)
         .map_err(|e| format!("cannot use --on-fence reboot: {}: {e}", sysrq.display()))?;
     if !meta.is_file() {
         return Err(format!(
             "cannot use --on-fence reboot: {} is a {}, not the SysRq trigger",
             sysrq.display(),
-            kind(meta.file_type())
+            crate::files::file_kind(meta.file_type())
         ));
     }
     let hint = if sysrq == Path::new(SYSRQ_TRIGGER) {

@@ -1,7 +1,7 @@
 //! The TOML file: bounded, regular files only, unknown keys refused.
 
 use std::io::Read;
-use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use super::args::*;
@@ -50,26 +50,7 @@ pub fn load_file(path: Option<&Path>) -> Result<Layer, ConfigError> {
     parse_file(path, &text)
 }
 
-/// What a path that is not a regular file is, for an error line.
-pub fn file_kind(ft: std::fs::FileType) -> &'static str {
-    if ft.is_dir() {
-        "directory"
-    } else if ft.is_fifo() {
-        "FIFO"
-    } else if ft.is_char_device() {
-        "character device"
-    } else if ft.is_block_device() {
-        "block device"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_symlink() {
-        "symbolic link"
-    } else if ft.is_file() {
-        "regular file"
-    } else {
-        "special file"
-    }
-}
+pub use fenced::files::file_kind;
 
 /// The parser's message on one line (some span several: "invalid string\nexpected
 /// `"`, `'`").
