@@ -496,7 +496,16 @@ async fn http2_keepalive_does_not_tear_down_a_slow_working_link() {
     let ttl = Duration::from_secs(9);
     let mut runs = Vec::new();
     for (name, opts) in [
-        ("fixed2s", StoreOptions::default()),
+        // The control: a PING after 2 s of silence, dropped after 2 s more (the
+        // defaults before the interval was raised to etcd's 5 s minimum).
+        (
+            "fixed2s",
+            StoreOptions {
+                keepalive_interval: Duration::from_secs(2),
+                keepalive_timeout: Duration::from_secs(2),
+                ..StoreOptions::default()
+            },
+        ),
         ("for_ttl", StoreOptions::for_lease_ttl(ttl)),
     ] {
         let proxy = DelayProxy::start(etcd.addr(0)).await;

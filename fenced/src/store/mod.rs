@@ -184,7 +184,13 @@ pub struct StoreOptions {
     /// Deadline of each unary request (not of the watch and keepalive streams once
     /// they are open).
     pub request_timeout: Duration,
-    /// HTTP/2 keepalive: a PING is sent after this much silence on the connection...
+    /// HTTP/2 keepalive: a PING is sent after this much silence on a connection that
+    /// carries a stream (a watch, the lease keepalive; idle connections are not pinged)...
+    /// Keep it at or above etcd's `--grpc-keepalive-min-time` (default 5 s): etcd counts
+    /// a PING sooner than that after the previous one as a strike and, at the third,
+    /// closes the connection (`GOAWAY too_many_pings`) with every stream on it. At 2 s
+    /// a quiet watch lost its connection every 6–15 s against a 3-member cluster
+    /// (`tests/http2_keepalive.rs`).
     pub keepalive_interval: Duration,
     /// ...and the connection (with every stream on it) is dropped when the PING is not
     /// answered within this. It only has to notice a dead peer that sent no FIN (a
@@ -222,14 +228,14 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     /// Connect 2 s, requests 5 s (a fence transaction's first attempt 2 s), PING
-    /// after 2 s of silence, dropped after 2 s more; health probes 1 s (etcd's own
+    /// after 5 s of silence (etcd's minimum), dropped after 2 s more; health probes 1 s (etcd's own
     /// `/health` gives its quorum read 1 s); read pages of 1 MiB, a quarter of the
     /// 4 MiB answers are limited to.
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
             request_timeout: Duration::from_secs(5),
-            keepalive_interval: Duration::from_secs(2),
+            keepalive_interval: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(2),
             first_attempt_timeout: Duration::from_secs(2),
             health_timeout: Duration::from_secs(1),
@@ -276,7 +282,9 @@ impl EtcdStore {
         let copts = ConnectOptions::new()
             .with_connect_timeout(opts.connect_timeout)
             .with_timeout(opts.request_timeout)
-            .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout);
+            .with_keep_alive(opts.keepalive_interval, opts.keepalive_timeout)
+            // etcd takes a PING on a connection without a stream as a strike too.
+            .with_keep_alive_while_idle(false);
         let copts = opts.security.apply(endpoints, copts)?;
         // Every request passes through the channel `Watched` builds: a slow or failed
         // one triggers a probe of the endpoints.
