@@ -435,7 +435,12 @@ async fn observe(
                         let key = String::from_utf8_lossy(kv.key());
                         let node = key.strip_prefix(&prefix).unwrap_or(&key).to_owned();
                         let Some(is_gen) = is_gen else {
-                            let first = node.split('/').next().unwrap_or_default().to_owned();
+                            let first = node
+                                .trim_start_matches('/')
+                                .split('/')
+                                .next()
+                                .unwrap_or_default()
+                                .to_owned();
                             *s.writes_by_prefix.entry(first).or_default() += 1;
                             continue;
                         };
