@@ -314,8 +314,14 @@ async fn full_fence_over_tls_with_certificate_and_password_identities() {
         "the fence was not a's: {last}"
     );
     assert!(a.running(), "a exited: {}", a.log());
+    // No request of a's was refused by etcd's auth (`StoreError::Denied`, "etcd
+    // refused ..."; RBAC's "permission denied"). Not any "refused": while the member
+    // restarts, a request may meet "Connection refused", which is no refusal of a's
+    // credentials (it failed this test under load).
     let log = a.log();
-    assert!(!log.contains("refused"), "a saw a refusal: {log}");
+    for refusal in ["etcd refused", "permission denied"] {
+        assert!(!log.contains(refusal), "a saw a refusal ({refusal}): {log}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
