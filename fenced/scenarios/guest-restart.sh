@@ -181,7 +181,9 @@ wait "$PID_n3"; rc=$?
 sleep 1
 kill "$POLL" "$WATCH"; wait "$POLL" "$WATCH" "$READER" 2>/dev/null
 first_event() { grep -m1 " $ROOT/$1\$" /tmp/watch.log | cut -d' ' -f1; }
-RF=$(first_event "arena_free/$A3"); RD=$(first_event "departed/n3")
+# The arena returns when n3's claim key goes (arena_claim/<arena>/<node>; the watch
+# started after n3 claimed it, so its first event is the leave's DELETE).
+RF=$(first_event "arena_claim/$A3/n3"); RD=$(first_event "departed/n3")
 [ -n "$RF" ] && [ -n "$RD" ] || die "no arena or departure event seen: $(cat /tmp/watch.log)"
 LAST1=$(grep ' 1$' /tmp/keys.log | tail -n 1 | cut -d' ' -f1)
 [ -n "$LAST1" ] || die "the poller never saw n3's key registered"
@@ -199,7 +201,7 @@ wait "$PID_n1"; rc=$?
 grep "leave incomplete" /tmp/n1.log | tail -n 1
 [ $rc = 4 ] || die "n1's leave with its key still registered exited $rc, not 4"
 [ -n "$(ectl get $ROOT/departed/n1 --keys-only)" ] && die "departure announced although n1's key stayed registered"
-[ -n "$(ectl get $ROOT/arena_free/$A1 --keys-only)" ] && die "n1's arena $A1 returned although its key stayed registered"
+[ -z "$(ectl get $ROOT/arena_claim/$A1/n1 --keys-only)" ] && die "n1's arena $A1 returned although its key stayed registered"
 bumped1() { [ "$(gen_of n1)" = $((G1 + 1)) ]; }
 until_ 60 "n1's fence after its incomplete leave" bumped1
 has_key "$K1" && die "n1's key survived its fence"
