@@ -5,7 +5,7 @@
 //! bench_write --path FILE --rw randwrite|write --bs 4096 --qd 32 --runtime 5 \
 //!             [--size BYTES] [--engine auto|io_uring|sync] [--dsync] [--no-single-issuer]
 //!             [--registered-buffers] [--setup auto|cooperative|plain|sqpoll[:IDLE_MS]]
-//!             [--spin-us N] [--submit auto|with-wait|separate] [--refill batch|eager]
+//!             [--spin-us N] [--submit auto|with-wait|separate|eager] [--refill batch|eager]
 //! ```
 //! `--registered-buffers` (or `BLOCKIO_BENCH_REGISTERED_BUFFERS=1` in the environment,
 //! so the comparison script runs unchanged) writes from `qd` registered (fixed)
@@ -235,7 +235,7 @@ fn run(a: &Args) -> Result<String, Box<dyn std::error::Error>> {
         w.ring_setup().map_or("none".into(), |s| s.to_string()),
         a.spin.unwrap_or_default().as_micros(),
         if a.eager { "eager" } else { "batch" },
-        a.submit.unwrap_or_default(),
+        w.submit_mode().map_or("none".into(), |m| m.to_string()),
     ))
 }
 

@@ -51,13 +51,16 @@ impl std::str::FromStr for EngineKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum RingSetup {
-    /// [`Cooperative`](RingSetup::Cooperative) for a file on tmpfs,
-    /// [`Plain`](RingSetup::Plain) for everything else (block devices, files on disk
-    /// file systems). The default. Measured on a 2-vCPU virtual machine: on a virtio
-    /// disk the plain ring was level with or ahead of the cooperative one (4 KiB random
-    /// writes at queue depth 32: 1.00–1.12×), on tmpfs — where every direct write is a
+    /// [`Cooperative`](RingSetup::Cooperative) for everything: block devices, files on
+    /// disk file systems and on tmpfs. The default. Measured on a 2-vCPU virtual
+    /// machine with nothing else running (benches/README.md, "blockio vs fio"): with
+    /// [`SubmitMode::Eager`] on a virtio disk (4 KiB random writes, queue depth 32) the
+    /// cooperative ring made 0.88–0.96× fio's IOPS where the plain one made 0.80×, and
+    /// at queue depth 1 the two were level; on tmpfs — where every direct write is a
     /// memory copy in an io_uring worker thread and each completion would interrupt
-    /// this thread — behind it (0.73–1.00×); CPU per I/O was the same.
+    /// this thread — the plain ring fell behind under load (0.73–1.00×). (Measurements
+    /// taken under heavy load earlier had put the plain ring ahead on the disk; on a
+    /// quiet machine it was not.)
     /// [`DirectWriter::ring_setup`](crate::DirectWriter::ring_setup) reports the choice.
     #[default]
     Auto,
@@ -111,14 +114,17 @@ impl std::str::FromStr for RingSetup {
 
 /// When requests queued with [`submit_write`](crate::DirectWriter::submit_write) reach
 /// the kernel if the caller does not [`submit`](crate::DirectWriter::submit) them
-/// itself: in the `io_uring_enter` that waits for a completion, or in a call of their
-/// own just before it. Ignored by the synchronous engine.
+/// itself: at once, in the `io_uring_enter` that waits for a completion, or in a call of
+/// their own just before it. Ignored by the synchronous engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum SubmitMode {
     /// [`WithWait`](SubmitMode::WithWait) at a queue depth below
-    /// [`SubmitMode::AUTO_SEPARATE_MIN_QD`], [`Separate`](SubmitMode::Separate) from
-    /// there on. The default.
+    /// [`SubmitMode::AUTO_SEPARATE_MIN_QD`]; from there on
+    /// [`Eager`](SubmitMode::Eager) for a block device or a file on a disk file system,
+    /// [`Separate`](SubmitMode::Separate) for a file on tmpfs. The default.
+    /// [`DirectWriter::submit_mode`](crate::DirectWriter::submit_mode) reports the
+    /// choice; benches/README.md ("blockio vs fio") has the measurements behind it.
     #[default]
     Auto,
     /// One system call submits and waits: the fewest calls per request. With few
@@ -126,22 +132,36 @@ pub enum SubmitMode {
     /// separate submission, so splitting only adds a call.
     WithWait,
     /// A wait first submits without waiting, collecting what finished meanwhile, and
-    /// sleeps in a second call only if nothing did (fio's pattern). With many requests
-    /// in flight something usually did, and its replacement then goes out without a
-    /// sleep and wake-up in between; when nothing did, the wait costs one more call.
+    /// sleeps in a second call only if nothing did. With many requests in flight
+    /// something usually did, and its replacement then goes out without a sleep and
+    /// wake-up in between; when nothing did, the wait costs one more call.
     Separate,
+    /// Every request goes to the kernel as it is queued: `submit_write` and
+    /// `submit_read` make one `io_uring_enter` that submits it and collects what
+    /// finished, without waiting (fio's pattern: one call per request). Where the
+    /// kernel issues a direct write inside that call (block devices, ext4, xfs), the
+    /// device gets each request the moment a slot frees, instead of when the caller
+    /// next waits. Where it hands every write to a worker thread (tmpfs), one call per
+    /// request costs more than it gains. What the call collects is judged there, as in
+    /// a [`reap`](crate::DirectWriter::reap) (so after an `EIO` the submission may wait
+    /// out the fence probe's settle period, as the synchronous engine's does), and a
+    /// request queued after a conflict was seen fails fast. If the call fails, the
+    /// request stays queued and the next `submit` or `reap` enters the kernel again
+    /// and reports the error.
+    Eager,
 }
 
 impl SubmitMode {
-    /// The shallowest queue [`SubmitMode::Auto`] submits separately at.
+    /// The shallowest queue [`SubmitMode::Auto`] submits separately or eagerly at.
     pub const AUTO_SEPARATE_MIN_QD: usize = 8;
 
-    /// Whether a writer with this queue depth submits separately.
-    pub(crate) fn separate_at(self, queue_depth: usize) -> bool {
+    /// The mode a writer with this queue depth uses, on tmpfs or not: never `Auto`.
+    pub(crate) fn resolve(self, queue_depth: usize, tmpfs: bool) -> SubmitMode {
         match self {
-            SubmitMode::Auto => queue_depth >= Self::AUTO_SEPARATE_MIN_QD,
-            SubmitMode::WithWait => false,
-            SubmitMode::Separate => true,
+            SubmitMode::Auto if queue_depth < Self::AUTO_SEPARATE_MIN_QD => SubmitMode::WithWait,
+            SubmitMode::Auto if tmpfs => SubmitMode::Separate,
+            SubmitMode::Auto => SubmitMode::Eager,
+            other => other,
         }
     }
 }
@@ -152,6 +172,7 @@ impl std::fmt::Display for SubmitMode {
             SubmitMode::Auto => "auto",
             SubmitMode::WithWait => "with-wait",
             SubmitMode::Separate => "separate",
+            SubmitMode::Eager => "eager",
         })
     }
 }
@@ -163,8 +184,9 @@ impl std::str::FromStr for SubmitMode {
             "auto" => Ok(SubmitMode::Auto),
             "with-wait" => Ok(SubmitMode::WithWait),
             "separate" => Ok(SubmitMode::Separate),
+            "eager" => Ok(SubmitMode::Eager),
             other => Err(format!(
-                "unknown submit mode {other:?} (auto, with-wait, separate)"
+                "unknown submit mode {other:?} (auto, with-wait, separate, eager)"
             )),
         }
     }

@@ -9,7 +9,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use crate::error::{Error, Op, Result};
 use crate::fence::Fence;
 use crate::geometry::{Geometry, learn_geometry, probe_err};
-use crate::options::{EngineKind, Options, RingSetup};
+use crate::options::{EngineKind, Options, RingSetup, SubmitMode};
 use crate::req::{Completion, Rejected, Req};
 use crate::sync::SyncEngine;
 use crate::sys::buf::AlignedBuf;
@@ -78,6 +78,8 @@ pub struct DirectWriter {
     fixed_file: bool,
     geometry: Geometry,
     queue_depth: usize,
+    /// The submit mode in use (`Auto` resolved); the synchronous engine ignores it.
+    submit_mode: SubmitMode,
 }
 
 fn lock(m: &Mutex<Inner>) -> MutexGuard<'_, Inner> {
@@ -113,18 +115,18 @@ impl DirectWriter {
         let geometry = learn_geometry(&file, path)?;
         let dup = || file.try_clone().map_err(probe_err("dup", path));
         let queue_depth = options.queue_depth;
+        let submit_mode = options.submit_mode.resolve(queue_depth, geometry.tmpfs);
         let ring_cfg = RingConfig {
             queue_depth,
             register_file: options.register_file,
             dsync: options.dsync,
             single_issuer: options.single_issuer,
             setup: match options.ring_setup {
-                RingSetup::Auto if geometry.tmpfs => RingSetup::Cooperative,
-                RingSetup::Auto => RingSetup::Plain,
+                RingSetup::Auto => RingSetup::Cooperative,
                 other => other,
             },
             spin: options.spin_before_wait,
-            separate_submit: options.submit_mode.separate_at(queue_depth),
+            separate_submit: submit_mode == SubmitMode::Separate,
             registered_buffers: options.registered_buffers,
             buf_align: geometry.offset_align.max(geometry.mem_align),
         };
@@ -179,6 +181,7 @@ impl DirectWriter {
             fixed_file,
             geometry,
             queue_depth,
+            submit_mode,
         })
     }
 
@@ -204,6 +207,13 @@ impl DirectWriter {
             Engine::Ring(r) => Some(r.setup()),
             Engine::Sync(_) => None,
         }
+    }
+
+    /// When queued requests reach the kernel ([`SubmitMode::Auto`] resolved for this
+    /// file and queue depth), or `None` for the synchronous engine, which performs each
+    /// request as it is queued.
+    pub fn submit_mode(&self) -> Option<SubmitMode> {
+        (self.engine_kind == EngineKind::IoUring).then_some(self.submit_mode)
     }
 
     /// Whether the io_uring engine has registered (fixed) buffers to lend
@@ -359,10 +369,20 @@ impl DirectWriter {
             });
         }
         match &mut inner.engine {
-            Engine::Ring(r) => r.start(req).map_err(|(error, req)| Rejected {
-                error,
-                buf: req.buf,
-            }),
+            Engine::Ring(r) => {
+                r.start(req).map_err(|(error, req)| Rejected {
+                    error,
+                    buf: req.buf,
+                })?;
+                if self.submit_mode == SubmitMode::Eager
+                    && let Err(e) = r.reap(0, &mut inner.ready, &mut inner.fence)
+                {
+                    // The request is queued either way: the next submit or reap
+                    // enters the kernel again and reports an error that persists.
+                    tracing::debug!(error = %e, "blockio: eager submission failed; the request stays queued");
+                }
+                Ok(())
+            }
             Engine::Sync(s) => {
                 s.start(req, &mut inner.ready, &mut inner.fence);
                 Ok(())
@@ -371,8 +391,8 @@ impl DirectWriter {
     }
 
     /// Queues a write of all of `buf` at `offset`. It reaches the kernel at the next
-    /// [`submit`](DirectWriter::submit) or [`reap`](DirectWriter::reap) (the
-    /// synchronous engine performs it now). Its [`Completion`] carries `tag` and hands
+    /// [`submit`](DirectWriter::submit) or [`reap`](DirectWriter::reap), or at once
+    /// with [`SubmitMode::Eager`] (the synchronous engine performs it now). Its [`Completion`] carries `tag` and hands
     /// `buf` back. A refused request hands `buf` back in the [`Rejected`].
     pub fn submit_write(&mut self, buf: AlignedBuf, offset: u64, tag: u64) -> Result<(), Rejected> {
         self.submit_req(Req {
@@ -594,7 +614,11 @@ mod tests {
             RingSetup::SqPoll { idle_ms: 10 },
         ] {
             for single_issuer in [false, true] {
-                for submit in [SubmitMode::WithWait, SubmitMode::Separate] {
+                for submit in [
+                    SubmitMode::WithWait,
+                    SubmitMode::Separate,
+                    SubmitMode::Eager,
+                ] {
                     for spin in [Duration::ZERO, Duration::from_micros(50)] {
                         v.push(
                             base(EngineKind::IoUring)
@@ -657,12 +681,19 @@ mod tests {
             }
         }
         assert_eq!(open(&path, EngineKind::Sync).ring_setup(), None);
-        // The default picks by where the file is: plain for a disk file system ...
+        // The default ring is cooperative on a disk file system and on tmpfs; the
+        // default submission is eager on the disk and separate on tmpfs from queue
+        // depth 8 on, and with the wait below it.
         assert!(!w_geometry_tmpfs(&path));
         let w = open(&path, EngineKind::IoUring);
-        assert_eq!(w.ring_setup(), Some(RingSetup::Plain));
+        assert_eq!(w.ring_setup(), Some(RingSetup::Cooperative));
+        assert_eq!(w.submit_mode(), Some(SubmitMode::Eager));
         drop(w);
-        // ... cooperative on tmpfs.
+        assert_eq!(
+            open_opts(&path, base(EngineKind::IoUring).queue_depth(1)).submit_mode(),
+            Some(SubmitMode::WithWait)
+        );
+        assert_eq!(open(&path, EngineKind::Sync).submit_mode(), None);
         match tempfile::tempdir_in("/dev/shm") {
             Ok(shm) => {
                 let p = shm.path().join("dev.img");
@@ -670,7 +701,10 @@ mod tests {
                     .and_then(|f| f.set_len(LEN))
                     .expect("create");
                 match DirectWriter::open(&p, base(EngineKind::IoUring)) {
-                    Ok(w) => assert_eq!(w.ring_setup(), Some(RingSetup::Cooperative)),
+                    Ok(w) => {
+                        assert_eq!(w.ring_setup(), Some(RingSetup::Cooperative));
+                        assert_eq!(w.submit_mode(), Some(SubmitMode::Separate));
+                    }
                     Err(Error::DirectIoUnsupported { .. }) => {
                         eprintln!("SKIPPED the tmpfs case: no O_DIRECT on tmpfs here")
                     }
@@ -680,26 +714,43 @@ mod tests {
             Err(e) => eprintln!("SKIPPED the tmpfs case: no /dev/shm ({e})"),
         }
 
-        // A queued write and a wait for it: with a separate submission the first call
-        // into the kernel only submits (a poll), and the wait, if any, comes after.
-        for (mode, qd, separate) in [
-            (SubmitMode::WithWait, 1, false),
-            (SubmitMode::Separate, 32, true),
-            (SubmitMode::Auto, 1, false),
+        // A queued write and a wait for it: an eager submission hands it to the kernel
+        // before the wait; with a separate submission the first call into the kernel
+        // only submits (a poll), and the wait, if any, comes after.
+        for (mode, qd, resolved) in [
+            (SubmitMode::WithWait, 1, SubmitMode::WithWait),
+            (SubmitMode::Separate, 32, SubmitMode::Separate),
+            (SubmitMode::Eager, 32, SubmitMode::Eager),
+            (SubmitMode::Eager, 1, SubmitMode::Eager),
+            (SubmitMode::Auto, 1, SubmitMode::WithWait),
             (
                 SubmitMode::Auto,
                 SubmitMode::AUTO_SEPARATE_MIN_QD - 1,
-                false,
+                SubmitMode::WithWait,
             ),
-            (SubmitMode::Auto, SubmitMode::AUTO_SEPARATE_MIN_QD, true),
-            (SubmitMode::Auto, 32, true),
+            (
+                SubmitMode::Auto,
+                SubmitMode::AUTO_SEPARATE_MIN_QD,
+                SubmitMode::Eager,
+            ),
+            (SubmitMode::Auto, 32, SubmitMode::Eager),
         ] {
             let mut w = open_opts(
                 &path,
                 base(EngineKind::IoUring).queue_depth(qd).submit_mode(mode),
             );
+            assert_eq!(
+                w.submit_mode(),
+                Some(resolved),
+                "{mode} at queue depth {qd}"
+            );
             let a = w.alignment();
             w.submit_write(filled(&w, a, 0x5a), 0, 7).expect("submit");
+            assert_eq!(
+                w.requests_submitted(),
+                u64::from(resolved == SubmitMode::Eager),
+                "{mode} at queue depth {qd}: submitted before the wait"
+            );
             let mut out = Vec::new();
             w.reap(1, &mut out).expect("reap");
             assert_eq!(out.len(), 1);
@@ -707,7 +758,7 @@ mod tests {
             let (polls, _waits) = w.ring_enters();
             assert_eq!(
                 polls > 0,
-                separate,
+                resolved != SubmitMode::WithWait,
                 "{mode} at queue depth {qd}: {polls} polls"
             );
             assert_eq!(on_disk(&path, 0, a), vec![0x5a; a]);
@@ -787,24 +838,41 @@ mod tests {
         let a = w.alignment();
         // Requests 0 and 1 are fine, request 2 is refused. Request 3 was queued before
         // the conflict was known on io_uring, so it runs; the synchronous engine
-        // performed request 2 at submission, so request 3 fails fast.
+        // performed request 2 at submission, so request 3 fails fast. An eager
+        // submission may have collected request 2's result while submitting it (an
+        // injected result completes at once, except on an SQPOLL ring's own time);
+        // then request 3 fails fast too.
+        let eager = w.submit_mode() == Some(SubmitMode::Eager);
+        let mut refused_3 = false;
         for tag in 0..4u64 {
             if tag == 2 {
                 w.inject_completion(-libc::EBADE);
             }
             let r = w.submit_write(filled(&w, a, tag as u8 + 1), tag * a as u64, tag);
-            if tag == 3 && engine == EngineKind::Sync {
-                let r = r.expect_err("the sync engine knew the conflict at submission");
-                assert!(r.error.is_reservation_conflict());
-                assert!(on_disk(&path, 3 * a as u64, a).iter().all(|&b| b == 0));
-            } else {
-                r.expect("submit");
+            match r {
+                Err(r) if tag == 3 => {
+                    assert!(
+                        engine == EngineKind::Sync || eager,
+                        "only a writer that performed or submitted request 2 at once can know the conflict at submission: {:?}",
+                        r.error
+                    );
+                    assert!(r.error.is_reservation_conflict());
+                    assert!(on_disk(&path, 3 * a as u64, a).iter().all(|&b| b == 0));
+                    refused_3 = true;
+                }
+                r => {
+                    assert!(
+                        tag != 3 || engine != EngineKind::Sync,
+                        "the sync engine knew the conflict at submission"
+                    );
+                    r.expect("submit");
+                }
             }
         }
         let mut out = Vec::new();
         w.wait_all(&mut out).expect("wait");
         out.sort_by_key(|c| c.tag);
-        let expected = if engine == EngineKind::Sync { 3 } else { 4 };
+        let expected = if refused_3 { 3 } else { 4 };
         assert_eq!(out.len(), expected);
         for c in &out {
             assert_eq!((c.offset, c.len), (c.tag * a as u64, a));
@@ -934,12 +1002,15 @@ mod tests {
         }
     }
 
+    /// Requests queued here reach the kernel together at the wait (an eager
+    /// submission would judge each one on its own, at its submission).
     fn open_probed(path: &Path, engine: EngineKind, probe: &Arc<FakeProbe>) -> DirectWriter {
         let w = DirectWriter::open(
             path,
             Options::default()
                 .engine(engine)
                 .queue_depth(8)
+                .submit_mode(SubmitMode::Separate)
                 .fence_probe(probe.clone())
                 .fence_probe_settle(SETTLE),
         )
@@ -1173,7 +1244,11 @@ mod tests {
         let mut w = if with_probe {
             open_probed(&path, EngineKind::IoUring, &probe)
         } else {
-            open(&path, EngineKind::IoUring)
+            // Queued together, as with the probe.
+            open_opts(
+                &path,
+                base(EngineKind::IoUring).submit_mode(SubmitMode::Separate),
+            )
         };
         let a = w.alignment();
         let results = [0, -libc::EIO, -libc::EBADE, -libc::EIO];

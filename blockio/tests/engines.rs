@@ -157,6 +157,7 @@ fn ring_options() -> impl Strategy<Value = Options> {
             Just(SubmitMode::Auto),
             Just(SubmitMode::WithWait),
             Just(SubmitMode::Separate),
+            Just(SubmitMode::Eager),
         ],
         prop_oneof![Just(0u64), Just(20)],
     )
