@@ -164,6 +164,45 @@ impl SimDaemon {
     }
 }
 
+/// A controller's own counts of what it did about deaths its watch saw.
+#[derive(Debug, Default, Clone, Copy)]
+struct DutyCounts {
+    watch_rts: u64,
+    standby_checks: u64,
+    left_to_peers: u64,
+    failed: u64,
+}
+
+impl DutyCounts {
+    fn of(d: &SimDaemon) -> Self {
+        let s = d.controller.stats();
+        Self {
+            watch_rts: s.watch_round_trips.load(Ordering::Relaxed),
+            standby_checks: s.standby_checks.load(Ordering::Relaxed),
+            left_to_peers: s.left_to_peers.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn minus(self, o: &Self) -> Self {
+        Self {
+            watch_rts: self.watch_rts.saturating_sub(o.watch_rts),
+            standby_checks: self.standby_checks.saturating_sub(o.standby_checks),
+            left_to_peers: self.left_to_peers.saturating_sub(o.left_to_peers),
+            failed: self.failed.saturating_sub(o.failed),
+        }
+    }
+
+    fn plus(self, o: &Self) -> Self {
+        Self {
+            watch_rts: self.watch_rts + o.watch_rts,
+            standby_checks: self.standby_checks + o.standby_checks,
+            left_to_peers: self.left_to_peers + o.left_to_peers,
+            failed: self.failed + o.failed,
+        }
+    }
+}
+
 /// One member's `/metrics`, as (name, labels, value).
 #[derive(Debug, Default, Clone)]
 struct Metrics(Vec<(String, String, f64)>);
@@ -672,6 +711,7 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         }
     }
     let outcomes_before: u64 = survivors.iter().map(SimDaemon::outcomes).sum();
+    let duty_before: Vec<DutyCounts> = survivors.iter().map(DutyCounts::of).collect();
     let fenced_each: Vec<u64> = survivors
         .iter()
         .map(|d| d.controller.stats().fenced.load(Ordering::Relaxed))
@@ -704,6 +744,12 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
     let d = snap(&etcd, &survivors).await;
     let death = window(&c, &d);
     let acted: u64 = survivors.iter().map(SimDaemon::outcomes).sum::<u64>() - outcomes_before;
+    let duty = survivors
+        .iter()
+        .zip(&duty_before)
+        .fold(DutyCounts::default(), |sum, (d, before)| {
+            sum.plus(&DutyCounts::of(d).minus(before))
+        });
     let fenced_by_survivors: u64 = survivors
         .iter()
         .map(|d| d.controller.stats().fenced.load(Ordering::Relaxed))
@@ -799,6 +845,13 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         acted as f64 / df,
         survivors.len()
     );
+    println!(
+        "fleet: n={n}: per death, counted by the survivors' controllers (no idle rate to subtract): round trips for the watch's DELETE {:.1} (the winner's claim and finish included), standby checks {:.1}, left to peers {:.1}, failed {:.1}",
+        duty.watch_rts as f64 / df,
+        duty.standby_checks as f64 / df,
+        duty.left_to_peers as f64 / df,
+        duty.failed as f64 / df,
+    );
     if let Some(s) = &e2b {
         println!(
             "fleet: n={n}: lease expiry (membership DELETE seen) -> generation bump seen: {s}"
@@ -824,13 +877,15 @@ async fn run_n(n: usize, p: &Params) -> Outcome {
         println!("fleet: n={n}:   {b}");
     }
     println!(
-        "BENCH fleet n={n} ttl_s={} sweep_s={} {idle_line} deaths={deaths} expiry_to_bump_p50_ms={:.1} expiry_to_bump_p99_ms={:.1} kill_to_bump_p50_ms={:.0} kill_to_bump_p99_ms={:.0} store_rt_per_death={extra_store:.1} winner_rt={winner_rt:.1} etcd_req_per_death={extra_unary:.1} txn_per_death={extra_txn:.1} controllers_per_death={:.1} bad_deaths={} spurious={} load={}",
+        "BENCH fleet n={n} ttl_s={} sweep_s={} {idle_line} deaths={deaths} expiry_to_bump_p50_ms={:.1} expiry_to_bump_p99_ms={:.1} kill_to_bump_p50_ms={:.0} kill_to_bump_p99_ms={:.0} store_rt_per_death={extra_store:.1} watch_rt_per_death={:.1} standby_checks_per_death={:.1} winner_rt={winner_rt:.1} etcd_req_per_death={extra_unary:.1} txn_per_death={extra_txn:.1} controllers_per_death={:.1} bad_deaths={} spurious={} load={}",
         p.ttl.as_secs(),
         p.sweep.as_secs(),
         ms(&e2b, |s| s.p50),
         ms(&e2b, |s| s.p99),
         ms(&k2b, |s| s.p50),
         ms(&k2b, |s| s.p99),
+        duty.watch_rts as f64 / df,
+        duty.standby_checks as f64 / df,
         acted as f64 / df,
         bad_deaths.len(),
         spurious.len(),

@@ -1,6 +1,9 @@
 //! Criterion micro-benchmarks of the pure code on the fencing path: Reservation Report
 //! parsing (1 / 16 / 64 registrants, extended and regular layouts), command encoding,
-//! key derivation (reservation key and etcd keys) and the in-memory model's operations.
+//! key derivation (reservation key and etcd keys), the in-memory model's operations, and
+//! a controller's rank for a death among 1,000 controllers (`duty/`: what every
+//! controller computes for every death, against a full sort, the code before
+//! 2026-12-01 19:00 UTC, as the named peer).
 //!
 //! `cargo bench -p benches --bench micro`; `cargo test -p benches --benches` runs each
 //! once.
@@ -186,11 +189,47 @@ fn model_operations(c: &mut Criterion) {
     g.finish();
 }
 
+/// A controller's rank for a death, among 1,000 live controllers: the O(n) count in
+/// `Roster::fence_rank` against sorting all of them by (key, id), which is what it
+/// computed before (each comparison hashing both sides).
+fn death_duty(c: &mut Criterion) {
+    let mut g = c.benchmark_group("duty");
+    let n = 1000;
+    let ids: Vec<String> = (0..n).map(|i| format!("node-{i:04}")).collect();
+    let roster = fenced::core::Roster::listed(
+        ids.iter()
+            .map(|id| (id.clone(), Some(NodeId::new(id).unwrap()))),
+        None,
+    );
+    let victim = NodeId::new("node-0007").unwrap();
+    let me = "node-0500";
+    g.bench_function("fence_rank_1000", |b| {
+        b.iter(|| roster.fence_rank(black_box(me), black_box(&victim)))
+    });
+    g.bench_function("full_sort_rank_1000", |b| {
+        b.iter(|| {
+            let subject = black_box(&victim).as_str().as_bytes();
+            let mut order: Vec<&str> = ids
+                .iter()
+                .map(String::as_str)
+                .filter(|id| *id != victim.as_str())
+                .collect();
+            order.sort_by_key(|id| (fenced::core::rendezvous(subject, id), *id));
+            order.iter().position(|id| *id == black_box(me))
+        })
+    });
+    g.bench_function("fence_order_1000", |b| {
+        b.iter(|| roster.fence_order(black_box(me), black_box(&victim)))
+    });
+    g.finish();
+}
+
 criterion_group!(
     benches,
     report_parsing,
     command_encoding,
     key_derivation,
-    model_operations
+    model_operations,
+    death_duty
 );
 criterion_main!(benches);

@@ -125,51 +125,75 @@ impl Roster {
         self.live.is_empty()
     }
 
-    /// The ids of the view and `me`, ordered by `subject`, leaving out the controllers
-    /// running on `exclude` (a dead node's own controller died with it).
-    fn order<'a>(&'a self, subject: &[u8], me: &'a str, exclude: Option<&NodeId>) -> Vec<&'a str> {
-        let mut ids: Vec<&str> = self
-            .live
+    /// The ids of the view other than `me`, leaving out the controllers running on
+    /// `exclude` (a dead node's own controller died with it), each with its place key
+    /// for `subject`: one hash per id.
+    fn keyed<'a>(
+        &'a self,
+        subject: &'a [u8],
+        me: &'a str,
+        exclude: Option<&'a NodeId>,
+    ) -> impl Iterator<Item = (u64, &'a str)> + 'a {
+        self.live
             .iter()
-            .filter(|(id, node)| {
+            .filter(move |(id, node)| {
                 id.as_str() != me && (exclude.is_none() || node.as_ref() != exclude)
             })
-            .map(|(id, _)| id.as_str())
-            .chain(std::iter::once(me))
+            .map(move |(id, _)| (rendezvous(subject, id), id.as_str()))
+    }
+
+    /// `me`'s place among the view and `me` ordered by `subject` (ties by id): how
+    /// many come before it. O(n): this runs in every controller for every death, so
+    /// it does not sort.
+    fn position(&self, subject: &[u8], me: &str, exclude: Option<&NodeId>) -> usize {
+        let mine = (rendezvous(subject, me), me);
+        self.keyed(subject, me, exclude)
+            .filter(|k| *k < mine)
+            .count()
+    }
+
+    /// The first `k` of the view and `me` ordered by `subject` (ties by id).
+    fn first<'a>(
+        &'a self,
+        subject: &'a [u8],
+        me: &'a str,
+        exclude: Option<&'a NodeId>,
+        k: usize,
+    ) -> Vec<&'a str> {
+        let mut keys: Vec<(u64, &str)> = self
+            .keyed(subject, me, exclude)
+            .chain(std::iter::once((rendezvous(subject, me), me)))
             .collect();
-        ids.sort_by_key(|id| (rendezvous(subject, id), *id));
-        ids
+        if keys.len() > k && k > 0 {
+            keys.select_nth_unstable(k - 1);
+            keys.truncate(k);
+        }
+        keys.sort_unstable();
+        keys.into_iter().take(k).map(|(_, id)| id).collect()
     }
 
     /// The controllers that act on the death of `victim`, in rank order (rank 0
     /// first), as `me` sees them: at most [`ACTING_RANKS`].
     pub fn fence_order(&self, me: &str, victim: &NodeId) -> Vec<String> {
-        self.order(victim.as_str().as_bytes(), me, Some(victim))
+        self.first(victim.as_str().as_bytes(), me, Some(victim), ACTING_RANKS)
             .into_iter()
-            .take(ACTING_RANKS)
             .map(str::to_owned)
             .collect()
     }
 
     /// `me`'s rank for the death of `victim` (0: claims at once).
     pub fn fence_rank(&self, me: &str, victim: &NodeId) -> usize {
-        self.order(victim.as_str().as_bytes(), me, Some(victim))
-            .iter()
-            .position(|id| *id == me)
-            .unwrap_or(0)
+        self.position(victim.as_str().as_bytes(), me, Some(victim))
     }
 
     /// `me`'s place in the sweep order (0: the sweeper of every period).
     pub fn sweep_position(&self, me: &str) -> usize {
-        self.order(SWEEP_SUBJECT, me, None)
-            .iter()
-            .position(|id| *id == me)
-            .unwrap_or(0)
+        self.position(SWEEP_SUBJECT, me, None)
     }
 
     /// The controller that sweeps every period, as `me` sees it.
     pub fn sweeper(&self, me: &str) -> String {
-        self.order(SWEEP_SUBJECT, me, None)
+        self.first(SWEEP_SUBJECT, me, None, 1)
             .first()
             .map_or_else(|| me.to_owned(), |id| (*id).to_owned())
     }
@@ -382,6 +406,46 @@ mod tests {
             rank: 2,
             after: 2 * STEP
         }));
+    }
+
+    /// The order is the full sort of (key, id) that every version computes, so a
+    /// cluster mixing versions agrees on it: the O(n) rank and the partial selection
+    /// give the same answers as sorting everything.
+    #[test]
+    fn ranks_and_orders_match_a_full_sort() {
+        let r = roster(40);
+        let sorted = |subject: &[u8], exclude: Option<&NodeId>| {
+            let mut ids: Vec<String> = (0..40)
+                .filter(|i| exclude != Some(&n(&format!("n{i}"))))
+                .map(|i| format!("c{i}"))
+                .collect();
+            ids.sort_by_key(|id| (rendezvous(subject, id), id.clone()));
+            ids
+        };
+        for v in (0..40)
+            .map(|v| format!("n{v}"))
+            .chain((0..60).map(|v| format!("v{v}")))
+        {
+            let victim = n(&v);
+            let want = sorted(v.as_bytes(), Some(&victim));
+            for (rank, id) in want.iter().enumerate() {
+                assert_eq!(r.fence_rank(id, &victim), rank, "{id} for {v}");
+                assert_eq!(
+                    r.fence_order(id, &victim),
+                    want[..ACTING_RANKS],
+                    "{id} for {v}"
+                );
+            }
+        }
+        let want = sorted(SWEEP_SUBJECT, None);
+        for (position, id) in want.iter().enumerate() {
+            assert_eq!(r.sweep_position(id), position, "{id}");
+            assert_eq!(r.sweeper(id), want[0]);
+        }
+        // A roster of one, and a `me` outside the view.
+        let alone = Roster::listed([], None);
+        assert_eq!(alone.fence_order("me", &n("n1")), ["me"]);
+        assert_eq!(alone.sweeper("me"), "me");
     }
 
     #[test]
