@@ -63,6 +63,33 @@ fn assert_one_line(what: &str, o: &Output, took: Duration, limit: Duration, expe
     );
 }
 
+/// `fenced status` on `endpoint` with `security` fails as exactly one line containing
+/// every fragment of `expect`, within `limit`.
+fn status_fails(
+    what: &str,
+    endpoint: &str,
+    security: &EtcdSecurity,
+    limit: Duration,
+    expect: &[&str],
+) {
+    let (o, took) = status(endpoint, security);
+    assert_one_line(what, &o, took, limit, expect);
+}
+
+/// `fenced run` as node `node` (no fencer) on `endpoint` with `args`, for a start that
+/// ends (logging errors only); its output and how long it took.
+fn run_exits(endpoint: &str, node: &str, args: &[String]) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
+        .args(["--etcd-endpoints", endpoint])
+        .args(args)
+        .env("FENCED_LOG", "error")
+        .output()
+        .unwrap();
+    (o, t0.elapsed())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let sec = SecureEtcd::start(None).await;
@@ -78,20 +105,18 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let mut s = sec.security("ops");
     let missing = sec.pki.dir().join("no-such-key.pem");
     s.key = Some(missing.clone());
-    let (o, took) = status(&sec.endpoint(), &s);
     let m = missing.display().to_string();
-    assert_one_line("missing key", &o, took, limit, &[&m, "--etcd-key"]);
+    status_fails("missing key", &sec.endpoint(), &s, limit, &[&m, "--etcd-key"]);
 
     // A CA that did not sign the server's certificate.
     let other = Pki::new("another CA");
     let mut s = sec.security("ops");
     s.ca = Some(other.ca());
-    let (o, took) = status(&sec.endpoint(), &s);
     let ca = other.ca().display().to_string();
-    assert_one_line(
+    status_fails(
         "bad CA",
-        &o,
-        took,
+        &sec.endpoint(),
+        &s,
         limit,
         &["TLS handshake failed", "UnknownIssuer", &ca],
     );
@@ -101,12 +126,11 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let mut s = sec.security("ops");
     s.cert = Some(expired.cert.clone());
     s.key = Some(expired.key);
-    let (o, took) = status(&sec.endpoint(), &s);
     let cert = expired.cert.display().to_string();
-    assert_one_line(
+    status_fails(
         "expired client certificate",
-        &o,
-        took,
+        &sec.endpoint(),
+        &s,
         limit,
         &["expired 2001-01-01", &cert],
     );
@@ -117,11 +141,10 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let mut s = sec.security("ops");
     s.cert = None;
     s.key = None;
-    let (o, took) = status(&sec.endpoint(), &s);
-    assert_one_line(
+    status_fails(
         "no client certificate",
-        &o,
-        took,
+        &sec.endpoint(),
+        &s,
         limit,
         &[
             "refused the connection",
@@ -131,22 +154,23 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     );
 
     // TLS files with a plaintext endpoint: refused before connecting.
-    let (o, took) = status(
+    status_fails(
+        "http endpoint",
         &sec.endpoint().replace("https://", "http://"),
         &sec.security("ops"),
+        limit,
+        &["not https://"],
     );
-    assert_one_line("http endpoint", &o, took, limit, &["not https://"]);
 
     // A server whose certificate names another host.
     let wrong = Etcd::start_with(&EtcdOptions {
         tls: Some(sec.pki.server_for("elsewhere", &["db.example.com"])),
         ..EtcdOptions::default()
     });
-    let (o, took) = status(&wrong.endpoint(), &sec.security("ops"));
-    assert_one_line(
+    status_fails(
         "wrong host",
-        &o,
-        took,
+        &wrong.endpoint(),
+        &sec.security("ops"),
         limit,
         &["TLS handshake failed", "NotValidForName"],
     );
@@ -155,18 +179,11 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     // refuses its certificate: it exits with the same one line.
     let mut s = sec.security("n1");
     s.ca = Some(other.ca());
-    let t0 = Instant::now();
-    let o = fenced()
-        .args(["run", "--fencer", "none", "--node-id", "n1", "--root", ROOT])
-        .args(["--etcd-endpoints", &sec.endpoint()])
-        .args(tls_args(&s))
-        .env("FENCED_LOG", "error")
-        .output()
-        .unwrap();
+    let (o, took) = run_exits(&sec.endpoint(), "n1", &tls_args(&s));
     assert_one_line(
         "run with a bad CA",
         &o,
-        t0.elapsed(),
+        took,
         limit,
         &[
             "refused the connection",
@@ -189,19 +206,12 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let foreign = other.client("n1");
     s.cert = Some(foreign.cert.clone());
     s.key = Some(foreign.key);
-    let t0 = Instant::now();
-    let o = fenced()
-        .args(["run", "--fencer", "none", "--node-id", "n1", "--root", ROOT])
-        .args(["--etcd-endpoints", &sec.endpoint()])
-        .args(tls_args(&s))
-        .env("FENCED_LOG", "error")
-        .output()
-        .unwrap();
+    let (o, took) = run_exits(&sec.endpoint(), "n1", &tls_args(&s));
     let cert = foreign.cert.display().to_string();
     assert_one_line(
         "run with a client certificate of another CA",
         &o,
-        t0.elapsed(),
+        took,
         limit,
         &["refused the connection", &cert, &sec.endpoint()],
     );
