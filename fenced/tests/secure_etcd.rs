@@ -11,12 +11,13 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::process::FencedRun;
 use common::secure::{SecureEtcd, password_file, tls_args};
-use fenced::store::EtcdSecurity;
+use fenced::store::{EtcdSecurity, EtcdStore};
 use test_support::etcd::{Etcd, EtcdOptions};
 use test_support::tls::Pki;
 
@@ -237,67 +238,92 @@ async fn wait_for(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn full_fence_over_tls_with_certificate_and_password_identities() {
-    // Tokens live 3 s; the run outlasts several and restarts the member, which
-    // forgets every simple token.
-    let mut sec = SecureEtcd::start(Some(3)).await;
-    sec.add_prefix_role("fenced", ROOT).await;
-    // Node a: user and password (from a file). Node b: its certificate's CN.
-    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
-    sec.add_user("b", None, &["fenced"]).await;
-    sec.add_user("ops", None, &["fenced"]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut a_sec = EtcdSecurity {
-        ca: Some(sec.pki.ca()),
-        user: Some("a".into()),
-        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
-        ..EtcdSecurity::default()
-    };
-    // Node a also presents a certificate (the server requires one); its CN is not a
-    // user, so the identity etcd uses is the password's.
-    let a_cert = sec.pki.client("a-host");
-    a_sec.cert = Some(a_cert.cert);
-    a_sec.key = Some(a_cert.key);
-    let a_args = tls_args(&a_sec);
-    let b_args = sec.args("b");
-    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
-    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
-    let ep = sec.endpoint();
-    // TTL 2 s (FencedRun's); the margin covers the member restart.
-    let ttl = ["--self-fence-margin-secs", "10"];
-    let mut a = FencedRun::start(
-        &ep,
-        ROOT,
-        "a",
-        dir.path(),
-        &[&a_args[..], &ttl].concat(),
-        &[],
-    );
-    let mut b = FencedRun::start(
-        &ep,
-        ROOT,
-        "b",
-        dir.path(),
-        &[&b_args[..], &ttl].concat(),
-        &[],
-    );
+/// `--- <name>` and the log of each daemon, for a timeout's panic.
+fn logs_of(runs: &[(&str, &FencedRun)]) -> String {
+    runs.iter()
+        .map(|(name, run)| format!("--- {name}\n{}", run.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
 
-    let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+/// Waits until every node of `nodes` is a member, at most 30 s.
+async fn wait_joined(ops: &EtcdStore, nodes: &[&str], logs: impl Fn() -> String) {
     wait_for(
-        "a and b joined",
+        &format!("{} joined", nodes.join(" and ")),
         Duration::from_secs(30),
         logs,
         async || {
             ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
+                nodes
                     .iter()
                     .all(|n| s.members.iter().any(|(m, _)| m == n))
             })
         },
     )
     .await;
+}
+
+/// `fenced etcd-roles --apply` as etcd's root for `nodes` (comma-separated), with the
+/// flags `extra`; what it printed.
+fn apply_roles(sec: &SecureEtcd, nodes: &str, extra: &[&str]) -> String {
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", nodes, "--apply"])
+        .args(extra)
+        .args(["--etcd-endpoints", &sec.endpoint()])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    out
+}
+
+/// The certificate flags of `cn` followed by `extra`.
+fn args_of(sec: &SecureEtcd, cn: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = sec.args(cn);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+/// The identities of a full fence: role `fenced` (read-write on ROOT) for node a, a
+/// user with a password (written to a file in `dir`), and for node b and `ops`,
+/// identified by their certificates' CNs. Node a's TLS settings.
+async fn password_and_certificate_identities(sec: &SecureEtcd, dir: &Path) -> EtcdSecurity {
+    sec.add_prefix_role("fenced", ROOT).await;
+    // Node a: user and password (from a file). Node b: its certificate's CN.
+    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
+    sec.add_user("b", None, &["fenced"]).await;
+    sec.add_user("ops", None, &["fenced"]).await;
+    // Node a also presents a certificate (the server requires one); its CN is not a
+    // user, so the identity etcd uses is the password's.
+    let a_cert = sec.pki.client("a-host");
+    EtcdSecurity {
+        ca: Some(sec.pki.ca()),
+        cert: Some(a_cert.cert),
+        key: Some(a_cert.key),
+        user: Some("a".into()),
+        password_file: Some(password_file(dir, "a.pw", "pw-of-a")),
+        ..EtcdSecurity::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_fence_over_tls_with_certificate_and_password_identities() {
+    // Tokens live 3 s; the run outlasts several and restarts the member, which
+    // forgets every simple token.
+    let mut sec = SecureEtcd::start(Some(3)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let a_sec = password_and_certificate_identities(&sec, dir.path()).await;
+    let ep = sec.endpoint();
+    // TTL 2 s (FencedRun's); the margin covers the member restart.
+    let ttl = ["--self-fence-margin-secs", "10"];
+    let (a_tls, b_args) = (tls_args(&a_sec), args_of(&sec, "b", &ttl));
+    let a_args = [strs(&a_tls), ttl.to_vec()].concat();
+    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &a_args, &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
+
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
 
     // Outlast the token TTL twice, then restart the member: a's token is gone.
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -339,14 +365,7 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
     // The roles, applied through the binary as etcd's root.
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    let out = apply_roles(&sec, "a,b", &[]);
     assert!(
         out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/membership/a"),
         "{out}"
@@ -356,38 +375,16 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
 
     // Agents with their node's credentials only; the controller on its own.
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut args = sec.args(n);
-        args.extend(["--role".to_owned(), "agent".to_owned()]);
-        args
-    };
+    let agent = |n: &str| args_of(&sec, n, &["--role", "agent"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
-    let mut c_args = sec.args("ctl");
-    c_args.extend(["--role".to_owned(), "controller".to_owned()]);
+    let c_args = args_of(&sec, "ctl", &["--role", "controller"]);
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || {
-        format!(
-            "--- a\n{}\n--- b\n{}\n--- ctl\n{}",
-            a.log(),
-            b.log(),
-            c.log()
-        )
-    };
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
+    wait_joined(&ops, &["a", "b"], || {
+        logs_of(&[("a", &a), ("b", &b), ("ctl", &c)])
+    })
     .await;
 
     // Node b's credentials cannot write node a's keys, nor any generation.
@@ -451,7 +448,7 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     // fences it (claim, bump, audit) and a keeps running.
     let node_b = fenced::NodeId::new("b").unwrap();
     b.kill();
-    let logs = || format!("--- a\n{}\n--- ctl\n{}", a.log(), c.log());
+    let logs = || logs_of(&[("a", &a), ("ctl", &c)]);
     wait_for("ctl fenced b", Duration::from_secs(40), logs, async || {
         ops.generation(&node_b).await.is_ok_and(|(g, _)| g == 1)
     })
@@ -489,15 +486,7 @@ async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
 async fn a_node_cannot_claim_or_release_another_nodes_arena() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--arenas", "x,y,z"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    let out = apply_roles(&sec, "a,b", &["--arenas", "x,y,z"]);
     assert!(
         out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/arena_claim/x/a"),
         "{out}"
@@ -505,16 +494,12 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // Agents only, one arena each, from the pool `--apply` seeded.
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut a = sec.args(n);
-        a.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
-        a
-    };
+    let agent = |n: &str| args_of(&sec, n, &["--role", "agent", "--arenas", "1"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    let logs = || logs_of(&[("a", &a), ("b", &b)]);
     wait_for(
         "a and b each own an arena",
         Duration::from_secs(30),
@@ -623,14 +608,7 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
 async fn arena_records_of_the_older_layout_are_refused_until_converted() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--arenas", "x,y"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    apply_roles(&sec, "a,b", &["--arenas", "x,y"]);
     sec.add_user("ctl", None, &["fenced-controller"]).await;
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // What an older fenced left: a owns x, y is free.
@@ -643,16 +621,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         root.put(format!("{ROOT}{k}"), v, None).await.unwrap();
     }
     let run = |n: &str, extra: &[&str]| {
-        let t0 = Instant::now();
-        let o = fenced()
-            .args(["run", "--fencer", "none", "--node-id", n, "--root", ROOT])
-            .args(["--etcd-endpoints", &ep, "--arenas", "1"])
-            .args(sec.args(n))
-            .args(extra)
-            .env("FENCED_LOG", "error")
-            .output()
-            .unwrap();
-        (o, t0.elapsed())
+        run_exits(&ep, n, &args_of(&sec, n, &[&["--arenas", "1"], extra].concat()))
     };
     // An agent refuses to start next to them, naming them and the way out.
     let (o, took) = run("b", &["--role", "agent"]);
@@ -695,8 +664,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
 
     // The controller converts them at its start: a keeps x, y is free.
     let dir = tempfile::tempdir().unwrap();
-    let mut c_args = sec.args("ctl");
-    c_args.extend(["--role", "controller", "--seed-arenas", "x,y"].map(str::to_owned));
+    let c_args = args_of(&sec, "ctl", &["--role", "controller", "--seed-arenas", "x,y"]);
     let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
     let logs = || c.log();
@@ -713,10 +681,9 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
     .await;
     assert_eq!(legacy(&mut root).await, 0);
     // b starts now, and claims y: x is a's.
-    let mut b_args = sec.args("b");
-    b_args.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
+    let b_args = args_of(&sec, "b", &["--role", "agent", "--arenas", "1"]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let logs = || format!("--- b\n{}\n--- ctl\n{}", b.log(), c.log());
+    let logs = || logs_of(&[("b", &b), ("ctl", &c)]);
     wait_for("b claimed y", Duration::from_secs(30), logs, async || {
         ops.status().await.is_ok_and(|s| {
             s.arenas.contains(&("y".to_owned(), "b".to_owned()))
@@ -732,13 +699,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
 async fn revoking_a_nodes_role_makes_it_self_fence() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b,c", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    apply_roles(&sec, "a,b,c", &[]);
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // a: agent only; b: agent and controller (node role plus the controller role).
     sec.client("root")
@@ -747,29 +708,14 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut a_args = sec.args("a");
-    a_args.extend(["--role".to_owned(), "agent".to_owned()]);
+    let a_args = args_of(&sec, "a", &["--role", "agent"]);
     // b, the fencer, gets a wide margin: a spurious self-fence of b under a loaded
     // machine would leave no one to fence a.
-    let mut b_args = sec.args("b");
-    b_args.extend(["--self-fence-margin-secs".to_owned(), "10".to_owned()]);
+    let b_args = args_of(&sec, "b", &["--self-fence-margin-secs", "10"]);
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
 
     sec.client("root")
         .await
@@ -790,7 +736,7 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
     assert!(log.contains("etcd refuses this node's writes"), "{log}");
     // And b fenced it once its lease expired.
     let node_a = fenced::NodeId::new("a").unwrap();
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    let logs = || logs_of(&[("a", &a), ("b", &b)]);
     wait_for("b fenced a", Duration::from_secs(40), logs, async || {
         ops.generation(&node_a).await.is_ok_and(|(g, _)| g >= 1)
     })
@@ -817,25 +763,12 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_killed_mid_fence_over_tls_and_auth() {
     let mut sec = SecureEtcd::start(Some(3)).await;
-    sec.add_prefix_role("fenced", ROOT).await;
-    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
-    sec.add_user("b", None, &["fenced"]).await;
-    sec.add_user("ops", None, &["fenced"]).await;
     let dir = tempfile::tempdir().unwrap();
-    let a_cert = sec.pki.client("a-host");
-    let a_sec = EtcdSecurity {
-        ca: Some(sec.pki.ca()),
-        cert: Some(a_cert.cert),
-        key: Some(a_cert.key),
-        user: Some("a".into()),
-        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
-        ..EtcdSecurity::default()
-    };
+    let a_sec = password_and_certificate_identities(&sec, dir.path()).await;
     let ep = sec.endpoint();
     let margin = ["--self-fence-margin-secs", "10", "--claim-ttl-secs", "20"];
-    let (a_tls, b_tls) = (tls_args(&a_sec), sec.args("b"));
+    let (a_tls, b_args) = (tls_args(&a_sec), args_of(&sec, "b", &margin));
     let a_args = [strs(&a_tls), margin.to_vec()].concat();
-    let b_args = [strs(&b_tls), margin.to_vec()].concat();
     let mut a = FencedRun::start(
         &ep,
         ROOT,
@@ -844,22 +777,9 @@ async fn member_killed_mid_fence_over_tls_and_auth() {
         &a_args,
         &[("FAILPOINTS", "fence::bump=return(a/*=sleep:4000)")],
     );
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &b_args, &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
     b.kill();
     // The claim is taken; the fence now waits 4 s before its finishing transaction.
     let mut root = sec.client("root").await;
