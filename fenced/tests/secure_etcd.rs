@@ -822,49 +822,33 @@ async fn member_killed_mid_fence_over_tls_and_auth() {
     assert!(a.running(), "a exited: {}", a.log());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attest_needs_the_operator_role_and_records_the_authenticated_identity() {
-    let sec = SecureEtcd::start(None).await;
+/// Roles for nodes a and b applied, users `operators` with the operator role, a and b
+/// started as agents only (nothing fences b but an operator) and joined, then b
+/// SIGKILLed and its lease expired. The running a, and the first operator's store.
+async fn b_down_with_operators(
+    sec: &SecureEtcd,
+    dir: &Path,
+    operators: &[&str],
+) -> (FencedRun, EtcdStore) {
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
-    sec.add_user("alice", None, &["fenced-operator"]).await;
-    // Agents only: nothing fences b but the operator.
-    let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut a = sec.args(n);
-        a.extend(["--role".to_owned(), "agent".to_owned()]);
-        a
-    };
+    apply_roles(sec, "a,b", &[]);
+    for op in operators {
+        sec.add_user(op, None, &["fenced-operator"]).await;
+    }
+    let agent = |n: &str| args_of(sec, n, &["--role", "agent"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
-    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let ops = sec.store("alice", ROOT).await.expect("alice's store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
+    let a = FencedRun::start(&ep, ROOT, "a", dir, &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir, &strs(&b_args), &[]);
+    let ops = sec
+        .store(operators[0], ROOT)
+        .await
+        .unwrap_or_else(|e| panic!("{}'s store: {e:?}", operators[0]));
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
     b.kill();
-    let logs = || String::new();
     wait_for(
         "b's lease expired",
         Duration::from_secs(20),
-        logs,
+        String::new,
         async || {
             ops.status()
                 .await
@@ -872,6 +856,15 @@ async fn attest_needs_the_operator_role_and_records_the_authenticated_identity()
         },
     )
     .await;
+    (a, ops)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attest_needs_the_operator_role_and_records_the_authenticated_identity() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let (_a, ops) = b_down_with_operators(&sec, dir.path(), &["alice"]).await;
     let attest = |cn: &str| {
         fenced()
             .args(["attest", "--root", ROOT, "--node-id", "b"])
@@ -905,51 +898,8 @@ async fn attest_needs_the_operator_role_and_records_the_authenticated_identity()
 async fn two_person_attest_waits_for_a_second_distinct_operator() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
-    sec.add_user("alice", None, &["fenced-operator"]).await;
-    sec.add_user("bob", None, &["fenced-operator"]).await;
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut a = sec.args(n);
-        a.extend(["--role".to_owned(), "agent".to_owned()]);
-        a
-    };
-    let (a_args, b_args) = (agent("a"), agent("b"));
-    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let ops = sec.store("alice", ROOT).await.expect("alice's store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
-    b.kill();
-    wait_for(
-        "b's lease expired",
-        Duration::from_secs(20),
-        String::new,
-        async || {
-            ops.status()
-                .await
-                .is_ok_and(|s| !s.members.iter().any(|(m, _)| m == "b"))
-        },
-    )
-    .await;
+    let (_a, ops) = b_down_with_operators(&sec, dir.path(), &["alice", "bob"]).await;
     let node_b = fenced::NodeId::new("b").unwrap();
     // The number of operators from the config file, or from the flags.
     let config = dir.path().join("fenced.toml");
