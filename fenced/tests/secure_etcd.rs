@@ -285,10 +285,16 @@ fn args_of(sec: &SecureEtcd, cn: &str, extra: &[&str]) -> Vec<String> {
     args
 }
 
-/// The identities of a full fence: role `fenced` (read-write on ROOT) for node a, a
-/// user with a password (written to a file in `dir`), and for node b and `ops`,
-/// identified by their certificates' CNs. Node a's TLS settings.
-async fn password_and_certificate_identities(sec: &SecureEtcd, dir: &Path) -> EtcdSecurity {
+/// The two daemons of a full fence over TLS, started with `flags` (and a with
+/// `a_env`) and joined, and the store of `ops`: all three hold role `fenced`
+/// (read-write on ROOT); node a is a user with a password (written to a file in
+/// `dir`), node b and `ops` are identified by their certificates' CNs.
+async fn a_and_b_joined(
+    sec: &SecureEtcd,
+    dir: &Path,
+    flags: &[&str],
+    a_env: &[(&str, &str)],
+) -> (FencedRun, FencedRun, EtcdStore) {
     sec.add_prefix_role("fenced", ROOT).await;
     // Node a: user and password (from a file). Node b: its certificate's CN.
     sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
@@ -297,14 +303,22 @@ async fn password_and_certificate_identities(sec: &SecureEtcd, dir: &Path) -> Et
     // Node a also presents a certificate (the server requires one); its CN is not a
     // user, so the identity etcd uses is the password's.
     let a_cert = sec.pki.client("a-host");
-    EtcdSecurity {
+    let a_sec = EtcdSecurity {
         ca: Some(sec.pki.ca()),
         cert: Some(a_cert.cert),
         key: Some(a_cert.key),
         user: Some("a".into()),
         password_file: Some(password_file(dir, "a.pw", "pw-of-a")),
         ..EtcdSecurity::default()
-    }
+    };
+    let ep = sec.endpoint();
+    let (a_tls, b_args) = (tls_args(&a_sec), args_of(sec, "b", flags));
+    let a_args = [strs(&a_tls), flags.to_vec()].concat();
+    let a = FencedRun::start(&ep, ROOT, "a", dir, &a_args, a_env);
+    let b = FencedRun::start(&ep, ROOT, "b", dir, &strs(&b_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
+    (a, b, ops)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -313,17 +327,9 @@ async fn full_fence_over_tls_with_certificate_and_password_identities() {
     // forgets every simple token.
     let mut sec = SecureEtcd::start(Some(3)).await;
     let dir = tempfile::tempdir().unwrap();
-    let a_sec = password_and_certificate_identities(&sec, dir.path()).await;
-    let ep = sec.endpoint();
     // TTL 2 s (FencedRun's); the margin covers the member restart.
     let ttl = ["--self-fence-margin-secs", "10"];
-    let (a_tls, b_args) = (tls_args(&a_sec), args_of(&sec, "b", &ttl));
-    let a_args = [strs(&a_tls), ttl.to_vec()].concat();
-    let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &a_args, &[]);
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-
-    let ops = sec.store("ops", ROOT).await.expect("operator store");
-    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
+    let (mut a, mut b, ops) = a_and_b_joined(&sec, dir.path(), &ttl, &[]).await;
 
     // Outlast the token TTL twice, then restart the member: a's token is gone.
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -764,22 +770,14 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
 async fn member_killed_mid_fence_over_tls_and_auth() {
     let mut sec = SecureEtcd::start(Some(3)).await;
     let dir = tempfile::tempdir().unwrap();
-    let a_sec = password_and_certificate_identities(&sec, dir.path()).await;
-    let ep = sec.endpoint();
     let margin = ["--self-fence-margin-secs", "10", "--claim-ttl-secs", "20"];
-    let (a_tls, b_args) = (tls_args(&a_sec), args_of(&sec, "b", &margin));
-    let a_args = [strs(&a_tls), margin.to_vec()].concat();
-    let mut a = FencedRun::start(
-        &ep,
-        ROOT,
-        "a",
+    let (mut a, mut b, ops) = a_and_b_joined(
+        &sec,
         dir.path(),
-        &a_args,
+        &margin,
         &[("FAILPOINTS", "fence::bump=return(a/*=sleep:4000)")],
-    );
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let ops = sec.store("ops", ROOT).await.expect("operator store");
-    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
+    )
+    .await;
     b.kill();
     // The claim is taken; the fence now waits 4 s before its finishing transaction.
     let mut root = sec.client("root").await;
