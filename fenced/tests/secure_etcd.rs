@@ -420,19 +420,13 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
         "gen/b",
         "fence_claim/a",
     ] {
-        let e = as_b
-            .put(format!("{ROOT}{k}"), "forged", None)
-            .await
-            .expect_err(&format!("b wrote {k}"));
-        let e = fenced::store::StoreError::classify("put", e);
-        assert!(e.is_denied(), "{k}: {e}");
+        let e = put_denied("b", &mut as_b, &format!("{ROOT}{k}"), "forged").await;
         assert!(e.to_string().contains("permission denied"), "{k}: {e}");
     }
     // Through fenced's own transactions too: b departing a.
     let store_b = sec.store("b", ROOT).await.expect("b's store");
     let node_a = fenced::NodeId::new("a").unwrap();
-    let m = root.get(format!("{ROOT}membership/a"), None).await.unwrap();
-    let a_rev = m.kvs()[0].create_revision();
+    let a_rev = membership_rev(&mut root, "a").await;
     let e = store_b
         .depart(&node_a, "i-a", a_rev, None)
         .await
@@ -466,11 +460,15 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     assert!(c.running(), "ctl exited: {}", c.log());
 }
 
-/// Every key under the arena prefixes (`arena_pool/`, `arena_claim/`, `arena_node/`)
-/// and its value, read as root.
-async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
+/// The prefixes of the arena keys.
+const ARENA_PREFIXES: [&str; 3] = ["arena_pool/", "arena_claim/", "arena_node/"];
+/// The prefixes of the arena keys before per-node claims, whose keys name no node.
+const LEGACY_ARENA_PREFIXES: [&str; 2] = ["arena_owner/", "arena_free/"];
+
+/// Every key under `prefixes` (below ROOT) and its value, read as root.
+async fn keys_under(root: &mut etcd_client::Client, prefixes: &[&str]) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
-    for p in ["arena_pool/", "arena_claim/", "arena_node/"] {
+    for p in prefixes {
         let r = root
             .get(
                 format!("{ROOT}{p}"),
@@ -486,6 +484,32 @@ async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
         }
     }
     out
+}
+
+/// The create revision of node `n`'s membership key, read as root.
+async fn membership_rev(root: &mut etcd_client::Client, n: &str) -> i64 {
+    let m = root
+        .get(format!("{ROOT}membership/{n}"), None)
+        .await
+        .unwrap();
+    m.kvs()[0].create_revision()
+}
+
+/// Puts `value` at `key` with `who`'s client and asserts etcd refused it
+/// (`StoreError::is_denied`); the refusal.
+async fn put_denied(
+    who: &str,
+    client: &mut etcd_client::Client,
+    key: &str,
+    value: &str,
+) -> fenced::store::StoreError {
+    let e = client
+        .put(key, value, None)
+        .await
+        .expect_err(&format!("{who} wrote {key}"));
+    let e = fenced::store::StoreError::classify("put", e);
+    assert!(e.is_denied(), "{key}: {e}");
+    e
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -534,15 +558,11 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         fenced::NodeId::new("b").unwrap(),
     );
     let mut root = sec.client("root").await;
-    let rev_of = async |root: &mut etcd_client::Client, n: &str| {
-        let m = root
-            .get(format!("{ROOT}membership/{n}"), None)
-            .await
-            .unwrap();
-        m.kvs()[0].create_revision()
-    };
-    let (a_rev, b_rev) = (rev_of(&mut root, "a").await, rev_of(&mut root, "b").await);
-    let before = arena_keys(&mut root).await;
+    let (a_rev, b_rev) = (
+        membership_rev(&mut root, "a").await,
+        membership_rev(&mut root, "b").await,
+    );
+    let before = keys_under(&mut root, &ARENA_PREFIXES).await;
     assert!(
         before
             .iter()
@@ -576,12 +596,7 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         format!("{ROOT}arena_pool/{arena_a}"),
         format!("{ROOT}arena_pool/{arena_b}"),
     ] {
-        let e = as_b
-            .put(k.as_str(), "forged", None)
-            .await
-            .expect_err(&format!("b wrote {k}"));
-        let e = fenced::store::StoreError::classify("put", e);
-        assert!(e.is_denied(), "{k}: {e}");
+        put_denied("b", &mut as_b, &k, "forged").await;
         let e = as_b
             .delete(k.as_str(), None)
             .await
@@ -590,18 +605,11 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         assert!(e.is_denied(), "{k}: {e}");
     }
     // Nor the layout before per-node claims, whose keys name no node.
-    for k in ["arena_owner/", "arena_free/"] {
-        let e = as_b
-            .put(format!("{ROOT}{k}{arena_a}"), "b", None)
-            .await
-            .expect_err(&format!("b wrote {k}"));
-        assert!(
-            fenced::store::StoreError::classify("put", e).is_denied(),
-            "{k}"
-        );
+    for k in LEGACY_ARENA_PREFIXES {
+        put_denied("b", &mut as_b, &format!("{ROOT}{k}{arena_a}"), "b").await;
     }
     assert_eq!(
-        arena_keys(&mut root).await,
+        keys_under(&mut root, &ARENA_PREFIXES).await,
         before,
         "b's attempts changed an arena key"
     );
@@ -653,18 +661,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         &["cannot seed", "permission denied"],
     );
     let legacy = async |root: &mut etcd_client::Client| {
-        let mut n = 0;
-        for p in ["arena_owner/", "arena_free/"] {
-            let r = root
-                .get(
-                    format!("{ROOT}{p}"),
-                    Some(etcd_client::GetOptions::new().with_prefix()),
-                )
-                .await
-                .unwrap();
-            n += r.kvs().len();
-        }
-        n
+        keys_under(root, &LEGACY_ARENA_PREFIXES).await.len()
     };
     assert_eq!(legacy(&mut root).await, 2);
 
