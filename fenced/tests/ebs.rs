@@ -59,9 +59,7 @@ fn victim(instance: &str) -> Victim {
 async fn fence_detaches_and_describe_confirms() {
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![inst.clone()]);
 
     let f = fencer(&moto.url(), &vol, PollLimits::default()).await;
@@ -245,9 +243,7 @@ async fn damaged_answers_never_confirm() {
 async fn slow_detach_is_polled_until_describe_shows_it_gone() {
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let proxy = Proxy::start(moto.addr).await;
     let delay = Duration::from_millis(1500);
     proxy.set_detach_delay(delay);
@@ -275,9 +271,7 @@ async fn slow_detach_is_polled_until_describe_shows_it_gone() {
 async fn peer_stopped_mid_fence_is_unconfirmed_then_completes() {
     let moto = Moto::start();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let proxy = Proxy::start(moto.addr).await;
     proxy.set_detach_delay(Duration::from_secs(2));
 
@@ -339,9 +333,7 @@ impl ProvideCredentials for NoCredentials {
 async fn missing_credentials_fail_loudly_and_at_once() {
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let proxy = Proxy::start(moto.addr).await;
     let cfg = config(&proxy.url(), &vol, PollLimits::default());
     let sdk = cfg
@@ -371,9 +363,7 @@ async fn the_peer_verifies_our_sigv4_signatures() {
     let moto = Moto::start(); // its own: authentication is global to the process
     let ec2 = ebs_peer::client(&moto.url()).await;
     let (key_id, secret) = ec2.iam_user_with_ec2_access("fencer").await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let cfg = config(&moto.url(), &vol, PollLimits::default());
     let signed_with = |secret: &str| {
         let loader = cfg
