@@ -19,6 +19,7 @@ use fenced::ebs::{
 };
 use fenced::fencer::{FenceCause, Fencer};
 use fenced::node::NodeId;
+use fenced::store::EtcdStore;
 
 use ebs_peer::{Corrupt, Moto, Proxy};
 
@@ -444,6 +445,39 @@ async fn ebs_agent(cluster: &common::Cluster, n: &str, instance: &str) -> common
     common::RunningAgent::spawn(agent)
 }
 
+/// Waits until the controller counts a failed fence attempt, at most 30 s.
+async fn wait_failed_attempt(ctl: &Controller) {
+    common::wait_until(
+        "a failed EBS fence attempt",
+        Duration::from_secs(30),
+        || {
+            let failed = ctl.stats().failed.load(Ordering::Relaxed);
+            async move { failed >= 1 }
+        },
+    )
+    .await;
+}
+
+/// Waits until n1's generation is 1 (`what`: who fenced it), at most 30 s.
+async fn wait_n1_fenced(what: &str, store: &EtcdStore) {
+    common::wait_until(what, Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { common::generation(&store, "n1").await == 1 }
+    })
+    .await;
+}
+
+/// Asserts n1's fence is owed, not done: generation 0, and its intent pending with
+/// `instance`.
+async fn assert_n1_owed(store: &EtcdStore, instance: &str) {
+    assert_eq!(common::generation(store, "n1").await, 0);
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert_eq!(
+        snap.pending.get(&common::node("n1")).map(|p| p.0.as_str()),
+        Some(instance)
+    );
+}
+
 /// A node that died while no controller was watching (all restarting, or the watch
 /// lagging) is found by the sweep with its membership, and the instance id in it,
 /// already gone: the fence must still know which attachment to detach.
@@ -461,11 +495,7 @@ async fn a_sweep_fence_of_a_node_gone_before_any_controller_saw_it_detaches_its_
 
     // Only now a controller starts: no DELETE event will ever reach it.
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
-    common::wait_until("n1 fenced by the sweep", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("n1 fenced by the sweep", &store).await;
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     let audit = store.audit_records(&common::node("n1")).await.unwrap();
     let last = audit.last().expect("an audit record");
@@ -495,11 +525,7 @@ async fn lease_expiry_ebs_fence_bump() {
 
     let t = Instant::now();
     a1.kill(); // SIGKILL-style: the keepalive stops, the lease expires
-    common::wait_until("n1 fenced (generation 1)", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("n1 fenced (generation 1)", &store).await;
     eprintln!(
         "lease expiry -> EBS fence -> bump: {:?} after the kill (TTL {:?})",
         t.elapsed(),
@@ -541,24 +567,11 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
     moto.stop();
     a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    wait_failed_attempt(&ctl).await;
     // Not confirmed: no bump, the arena still recorded as n1's, the intent still owed.
     let n1 = common::node("n1");
-    assert_eq!(common::generation(&store, "n1").await, 0);
+    assert_n1_owed(&store, &i1).await;
     assert_eq!(store.owned_arenas(&n1).await.unwrap(), a1.arenas);
-    let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(
-        snap.pending.get(&n1).map(|p| p.0.as_str()),
-        Some(i1.as_str())
-    );
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
         audit
@@ -569,11 +582,7 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
 
     // EC2 answers again: the sweep (every 500 ms in the tests) completes the fence.
     moto.resume();
-    common::wait_until("the sweep fences n1", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("the sweep fences n1", &store).await;
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     assert!(store.owned_arenas(&n1).await.unwrap().is_empty());
     let (snap, _) = store.sweep_snapshot().await.unwrap();
@@ -597,22 +606,9 @@ async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
     let a1 = ebs_agent(&cluster, "n1", &i1).await;
     let (ctl, task) = ebs_controller(&cluster, &proxy.url(), &vol).await;
     a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    wait_failed_attempt(&ctl).await;
     let n1 = common::node("n1");
-    assert_eq!(common::generation(&store, "n1").await, 0);
-    let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(
-        snap.pending.get(&n1).map(|p| p.0.as_str()),
-        Some(i1.as_str())
-    );
+    assert_n1_owed(&store, &i1).await;
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
         audit.iter().any(|r| {
@@ -627,11 +623,7 @@ async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
     );
 
     proxy.set_corrupt(Corrupt::Nothing);
-    common::wait_until("the sweep fences n1", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("the sweep fences n1", &store).await;
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     task.abort();
 }
@@ -652,19 +644,9 @@ async fn a_node_registered_with_a_wrong_instance_id_stays_owed() {
     let a1 = ebs_agent(&cluster, "n1", wrong).await;
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
     a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    wait_failed_attempt(&ctl).await;
     let n1 = common::node("n1");
-    assert_eq!(common::generation(&store, "n1").await, 0);
-    let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(snap.pending.get(&n1).map(|p| p.0.as_str()), Some(wrong));
+    assert_n1_owed(&store, wrong).await;
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
         audit.iter().any(|r| {
@@ -692,15 +674,7 @@ async fn a_node_recorded_with_a_non_ec2_instance_id_is_refused_once_not_retried_
     let a1 = ebs_agent(&cluster, "n1", "host-17").await;
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
     a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    wait_failed_attempt(&ctl).await;
     // Ten sweep periods (500 ms each) after the first attempt.
     let sweeps = ctl.stats().sweeps.load(Ordering::Relaxed);
     common::wait_until("ten more sweeps", Duration::from_secs(30), || {
