@@ -458,6 +458,21 @@ async fn wait_failed_attempt(ctl: &Controller) {
     .await;
 }
 
+/// Agent n1 (recorded with `instance`) and an EBS controller on `url` started, n1
+/// SIGKILLed, and the controller's first fence attempt failed: the controller.
+async fn n1_killed_and_a_fence_failed(
+    cluster: &common::Cluster,
+    instance: &str,
+    url: &str,
+    vol: &str,
+) -> (Arc<Controller>, tokio::task::JoinHandle<()>) {
+    let a1 = ebs_agent(cluster, "n1", instance).await;
+    let (ctl, task) = ebs_controller(cluster, url, vol).await;
+    a1.kill();
+    wait_failed_attempt(&ctl).await;
+    (ctl, task)
+}
+
 /// Waits until n1's generation is 1 (`what`: who fenced it), at most 30 s.
 async fn wait_n1_fenced(what: &str, store: &EtcdStore) {
     common::wait_until(what, Duration::from_secs(30), || {
@@ -465,6 +480,15 @@ async fn wait_n1_fenced(what: &str, store: &EtcdStore) {
         async move { common::generation(&store, "n1").await == 1 }
     })
     .await;
+}
+
+/// Whether the `fencer_result` of some record of `audit` contains every fragment of
+/// `says`.
+fn a_result_says(audit: &[serde_json::Value], says: &[&str]) -> bool {
+    audit.iter().any(|r| {
+        let r = r["fencer_result"].to_string();
+        says.iter().all(|s| r.contains(s))
+    })
 }
 
 /// Asserts n1's fence is owed, not done: generation 0, and its intent pending with
@@ -573,12 +597,7 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     assert_n1_owed(&store, &i1).await;
     assert_eq!(store.owned_arenas(&n1).await.unwrap(), a1.arenas);
     let audit = store.audit_records(&n1).await.unwrap();
-    assert!(
-        audit
-            .iter()
-            .any(|r| r["fencer_result"].to_string().contains("not confirmed")),
-        "{audit:?}"
-    );
+    assert!(a_result_says(&audit, &["not confirmed"]), "{audit:?}");
 
     // EC2 answers again: the sweep (every 500 ms in the tests) completes the fence.
     moto.resume();
@@ -603,18 +622,12 @@ async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
     let proxy = Proxy::start(moto.addr).await;
     proxy.set_corrupt(Corrupt::DropAttachmentSet);
     let store = cluster.store().await;
-    let a1 = ebs_agent(&cluster, "n1", &i1).await;
-    let (ctl, task) = ebs_controller(&cluster, &proxy.url(), &vol).await;
-    a1.kill();
-    wait_failed_attempt(&ctl).await;
+    let (ctl, task) = n1_killed_and_a_fence_failed(&cluster, &i1, &proxy.url(), &vol).await;
     let n1 = common::node("n1");
     assert_n1_owed(&store, &i1).await;
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
-        audit.iter().any(|r| {
-            let r = r["fencer_result"].to_string();
-            r.contains("not confirmed") && r.contains("attachmentSet")
-        }),
+        a_result_says(&audit, &["not confirmed", "attachmentSet"]),
         "{audit:?}"
     );
     assert!(
@@ -641,18 +654,12 @@ async fn a_node_registered_with_a_wrong_instance_id_stays_owed() {
     let (real, vol) = ebs_peer::attached_volume(&ec2).await;
     let wrong = "i-0123456789abcdef0";
     let store = cluster.store().await;
-    let a1 = ebs_agent(&cluster, "n1", wrong).await;
-    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
-    a1.kill();
-    wait_failed_attempt(&ctl).await;
+    let (_ctl, task) = n1_killed_and_a_fence_failed(&cluster, wrong, &moto.url(), &vol).await;
     let n1 = common::node("n1");
     assert_n1_owed(&store, wrong).await;
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
-        audit.iter().any(|r| {
-            let r = r["fencer_result"].to_string();
-            r.contains("not confirmed") && r.contains(real.as_str())
-        }),
+        a_result_says(&audit, &["not confirmed", real.as_str()]),
         "{audit:?}"
     );
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![real]);
@@ -671,10 +678,7 @@ async fn a_node_recorded_with_a_non_ec2_instance_id_is_refused_once_not_retried_
     let (real, vol) = ebs_peer::attached_volume(&ec2).await;
     let store = cluster.store().await;
     // Passes the generic instance rule (so it reaches the fencer), not EC2's.
-    let a1 = ebs_agent(&cluster, "n1", "host-17").await;
-    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
-    a1.kill();
-    wait_failed_attempt(&ctl).await;
+    let (ctl, task) = n1_killed_and_a_fence_failed(&cluster, "host-17", &moto.url(), &vol).await;
     // Ten sweep periods (500 ms each) after the first attempt.
     let sweeps = ctl.stats().sweeps.load(Ordering::Relaxed);
     common::wait_until("ten more sweeps", Duration::from_secs(30), || {
