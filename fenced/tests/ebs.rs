@@ -459,18 +459,23 @@ async fn wait_failed_attempt(ctl: &Controller) {
 }
 
 /// Agent n1 (recorded with `instance`) and an EBS controller on `url` started, n1
-/// SIGKILLed, and the controller's first fence attempt failed: the controller.
+/// SIGKILLed, and the controller's first fence attempt failed: the killed agent and
+/// the controller.
 async fn n1_killed_and_a_fence_failed(
     cluster: &common::Cluster,
     instance: &str,
     url: &str,
     vol: &str,
-) -> (Arc<Controller>, tokio::task::JoinHandle<()>) {
+) -> (
+    common::RunningAgent,
+    Arc<Controller>,
+    tokio::task::JoinHandle<()>,
+) {
     let a1 = ebs_agent(cluster, "n1", instance).await;
     let (ctl, task) = ebs_controller(cluster, url, vol).await;
     a1.kill();
     wait_failed_attempt(&ctl).await;
-    (ctl, task)
+    (a1, ctl, task)
 }
 
 /// Waits until n1's generation is 1 (`what`: who fenced it), at most 30 s.
@@ -622,7 +627,7 @@ async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
     let proxy = Proxy::start(moto.addr).await;
     proxy.set_corrupt(Corrupt::DropAttachmentSet);
     let store = cluster.store().await;
-    let (ctl, task) = n1_killed_and_a_fence_failed(&cluster, &i1, &proxy.url(), &vol).await;
+    let (_a1, _ctl, task) = n1_killed_and_a_fence_failed(&cluster, &i1, &proxy.url(), &vol).await;
     let n1 = common::node("n1");
     assert_n1_owed(&store, &i1).await;
     let audit = store.audit_records(&n1).await.unwrap();
@@ -654,7 +659,7 @@ async fn a_node_registered_with_a_wrong_instance_id_stays_owed() {
     let (real, vol) = ebs_peer::attached_volume(&ec2).await;
     let wrong = "i-0123456789abcdef0";
     let store = cluster.store().await;
-    let (_ctl, task) = n1_killed_and_a_fence_failed(&cluster, wrong, &moto.url(), &vol).await;
+    let (_a1, _ctl, task) = n1_killed_and_a_fence_failed(&cluster, wrong, &moto.url(), &vol).await;
     let n1 = common::node("n1");
     assert_n1_owed(&store, wrong).await;
     let audit = store.audit_records(&n1).await.unwrap();
@@ -678,7 +683,8 @@ async fn a_node_recorded_with_a_non_ec2_instance_id_is_refused_once_not_retried_
     let (real, vol) = ebs_peer::attached_volume(&ec2).await;
     let store = cluster.store().await;
     // Passes the generic instance rule (so it reaches the fencer), not EC2's.
-    let (ctl, task) = n1_killed_and_a_fence_failed(&cluster, "host-17", &moto.url(), &vol).await;
+    let (_a1, ctl, task) =
+        n1_killed_and_a_fence_failed(&cluster, "host-17", &moto.url(), &vol).await;
     // Ten sweep periods (500 ms each) after the first attempt.
     let sweeps = ctl.stats().sweeps.load(Ordering::Relaxed);
     common::wait_until("ten more sweeps", Duration::from_secs(30), || {
