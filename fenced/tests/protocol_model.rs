@@ -284,20 +284,22 @@ fn assert_no_step(steps: &[String], whats: &[&str]) {
 fn safe_under_controller_crash_sever_failure_and_watch_faults() {
     check_safe(
         cfg(
-        Protocol::SAFE,
-        Budget {
-            crashes: 1,
-            sever_failures: 1,
-            watch_faults: 1,
-            ..NONE
-        },
-    ),
-        &[S_FENCED,
-        S_CRASH_RECOVERED,
-        S_ABORTED_THEN_FENCED,
-        S_LOST_EVENT,
-        S_STALE_SNAPSHOT,
-        S_ARENA_REASSIGNED,],
+            Protocol::SAFE,
+            Budget {
+                crashes: 1,
+                sever_failures: 1,
+                watch_faults: 1,
+                ..NONE
+            },
+        ),
+        &[
+            S_FENCED,
+            S_CRASH_RECOVERED,
+            S_ABORTED_THEN_FENCED,
+            S_LOST_EVENT,
+            S_STALE_SNAPSHOT,
+            S_ARENA_REASSIGNED,
+        ],
         (58_694, 200_833),
     );
 }
@@ -306,14 +308,14 @@ fn safe_under_controller_crash_sever_failure_and_watch_faults() {
 fn safe_under_step_errors_claim_expiry_and_rejoin() {
     check_safe(
         cfg(
-        Protocol::SAFE,
-        Budget {
-            restarts: 1,
-            step_errors: 1,
-            claim_expiries: 1,
-            ..NONE
-        },
-    ),
+            Protocol::SAFE,
+            Budget {
+                restarts: 1,
+                step_errors: 1,
+                claim_expiries: 1,
+                ..NONE
+            },
+        ),
         &[S_FENCED, S_CLAIM_LOST, S_JOIN_DROPS_INTENT],
         (66_693, 215_535),
     );
@@ -323,13 +325,13 @@ fn safe_under_step_errors_claim_expiry_and_rejoin() {
 fn safe_under_departure_and_rejoin() {
     check_safe(
         cfg(
-        Protocol::SAFE,
-        Budget {
-            restarts: 1,
-            departures: 1,
-            ..NONE
-        },
-    ),
+            Protocol::SAFE,
+            Budget {
+                restarts: 1,
+                departures: 1,
+                ..NONE
+            },
+        ),
         &[S_FENCED, S_HONOURED, S_DEPART_REFUSED, S_ARENA_REASSIGNED],
         (82_940, 303_587),
     );
@@ -339,12 +341,12 @@ fn safe_under_departure_and_rejoin() {
 fn safe_under_two_expiries() {
     check_safe(
         cfg(
-        Protocol::SAFE,
-        Budget {
-            expiries: 2,
-            ..NONE
-        },
-    ),
+            Protocol::SAFE,
+            Budget {
+                expiries: 2,
+                ..NONE
+            },
+        ),
         &[S_FENCED, S_ARENA_REASSIGNED],
         (44_143, 206_587),
     );
@@ -354,16 +356,16 @@ fn safe_under_two_expiries() {
 fn single_signal_mode_never_releases_arenas() {
     let o = check_safe(
         Config {
-        fencer: FencerKind::None,
-        ..cfg(
-            Protocol::SAFE,
-            Budget {
-                restarts: 1,
-                crashes: 1,
-                ..NONE
-            },
-        )
-    },
+            fencer: FencerKind::None,
+            ..cfg(
+                Protocol::SAFE,
+                Budget {
+                    restarts: 1,
+                    crashes: 1,
+                    ..NONE
+                },
+            )
+        },
         &[S_FENCED],
         (4_853, 15_170),
     );
@@ -380,11 +382,13 @@ fn single_signal_mode_never_releases_arenas() {
 fn safe_when_writers_outlive_daemon_restarts() {
     let o = check_safe(
         host_cfg(Protocol::SAFE, HOST),
-        &[S_FENCED,
-        S_ARENA_REASSIGNED,
-        S_RESTART_REFUSED,
-        S_UNFENCE_REJOIN,
-        S_REBOOT_REJOIN,],
+        &[
+            S_FENCED,
+            S_ARENA_REASSIGNED,
+            S_RESTART_REFUSED,
+            S_UNFENCE_REJOIN,
+            S_REBOOT_REJOIN,
+        ],
         (14_926, 51_203),
     );
     assert!(
@@ -584,7 +588,8 @@ fn unconditioned_departure_is_caught() {
         depart_unconditioned: true,
         ..Protocol::SAFE
     };
-    let steps = find(cfg(broken, ONE_DEPARTURE), I4_NO_SELF_EXEMPTION).expect("I4 must be violated");
+    let steps =
+        find(cfg(broken, ONE_DEPARTURE), I4_NO_SELF_EXEMPTION).expect("I4 must be violated");
     let expiry = steps.iter().position(|s| s.contains("lease_expired"));
     let depart = steps.iter().position(|s| s.contains("depart"));
     assert!(expiry < depart, "{steps:?}");

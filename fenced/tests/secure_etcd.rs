@@ -107,7 +107,13 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let missing = sec.pki.dir().join("no-such-key.pem");
     s.key = Some(missing.clone());
     let m = missing.display().to_string();
-    status_fails("missing key", &sec.endpoint(), &s, limit, &[&m, "--etcd-key"]);
+    status_fails(
+        "missing key",
+        &sec.endpoint(),
+        &s,
+        limit,
+        &[&m, "--etcd-key"],
+    );
 
     // A CA that did not sign the server's certificate.
     let other = Pki::new("another CA");
@@ -253,11 +259,9 @@ async fn wait_joined(ops: &EtcdStore, nodes: &[&str], logs: impl Fn() -> String)
         Duration::from_secs(30),
         logs,
         async || {
-            ops.status().await.is_ok_and(|s| {
-                nodes
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
+            ops.status()
+                .await
+                .is_ok_and(|s| nodes.iter().all(|n| s.members.iter().any(|(m, _)| m == n)))
         },
     )
     .await;
@@ -635,7 +639,11 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         root.put(format!("{ROOT}{k}"), v, None).await.unwrap();
     }
     let run = |n: &str, extra: &[&str]| {
-        run_exits(&ep, n, &args_of(&sec, n, &[&["--arenas", "1"], extra].concat()))
+        run_exits(
+            &ep,
+            n,
+            &args_of(&sec, n, &[&["--arenas", "1"][..], extra].concat()),
+        )
     };
     // An agent refuses to start next to them, naming them and the way out.
     let (o, took) = run("b", &["--role", "agent"]);
@@ -660,14 +668,17 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         Duration::from_secs(8),
         &["cannot seed", "permission denied"],
     );
-    let legacy = async |root: &mut etcd_client::Client| {
-        keys_under(root, &LEGACY_ARENA_PREFIXES).await.len()
-    };
+    let legacy =
+        async |root: &mut etcd_client::Client| keys_under(root, &LEGACY_ARENA_PREFIXES).await.len();
     assert_eq!(legacy(&mut root).await, 2);
 
     // The controller converts them at its start: a keeps x, y is free.
     let dir = tempfile::tempdir().unwrap();
-    let c_args = args_of(&sec, "ctl", &["--role", "controller", "--seed-arenas", "x,y"]);
+    let c_args = args_of(
+        &sec,
+        "ctl",
+        &["--role", "controller", "--seed-arenas", "x,y"],
+    );
     let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
     let logs = || c.log();

@@ -1534,7 +1534,10 @@ impl Model for ProtocolModel {
         if self.cfg.host {
             props.push(sometimes_seen!(S_RESTART_REFUSED, RESTART_REFUSED));
             props.push(sometimes_seen!(S_REGISTER_REFUSED, REGISTER_REFUSED));
-            props.push(sometimes_seen!(S_LEFT_THEN_REGISTERED, LEFT_THEN_REGISTERED));
+            props.push(sometimes_seen!(
+                S_LEFT_THEN_REGISTERED,
+                LEFT_THEN_REGISTERED
+            ));
             props.push(sometimes_seen!(S_UNFENCE_REJOIN, UNFENCED_THEN_JOINED));
             props.push(sometimes_seen!(S_REBOOT_REJOIN, REBOOTED_THEN_JOINED));
         }
