@@ -19,6 +19,7 @@ use fenced::ebs::{
 };
 use fenced::fencer::{FenceCause, Fencer};
 use fenced::node::NodeId;
+use fenced::store::EtcdStore;
 
 use ebs_peer::{Corrupt, Moto, Proxy};
 
@@ -59,9 +60,7 @@ fn victim(instance: &str) -> Victim {
 async fn fence_detaches_and_describe_confirms() {
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![inst.clone()]);
 
     let f = fencer(&moto.url(), &vol, PollLimits::default()).await;
@@ -245,9 +244,7 @@ async fn damaged_answers_never_confirm() {
 async fn slow_detach_is_polled_until_describe_shows_it_gone() {
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let proxy = Proxy::start(moto.addr).await;
     let delay = Duration::from_millis(1500);
     proxy.set_detach_delay(delay);
@@ -275,9 +272,7 @@ async fn slow_detach_is_polled_until_describe_shows_it_gone() {
 async fn peer_stopped_mid_fence_is_unconfirmed_then_completes() {
     let moto = Moto::start();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let proxy = Proxy::start(moto.addr).await;
     proxy.set_detach_delay(Duration::from_secs(2));
 
@@ -339,9 +334,7 @@ impl ProvideCredentials for NoCredentials {
 async fn missing_credentials_fail_loudly_and_at_once() {
     let moto = Moto::shared();
     let ec2 = ebs_peer::client(&moto.url()).await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let proxy = Proxy::start(moto.addr).await;
     let cfg = config(&proxy.url(), &vol, PollLimits::default());
     let sdk = cfg
@@ -371,9 +364,7 @@ async fn the_peer_verifies_our_sigv4_signatures() {
     let moto = Moto::start(); // its own: authentication is global to the process
     let ec2 = ebs_peer::client(&moto.url()).await;
     let (key_id, secret) = ec2.iam_user_with_ec2_access("fencer").await;
-    let inst = ebs_peer::run_instance(&ec2).await;
-    let vol = ebs_peer::create_volume(&ec2).await;
-    ebs_peer::attach(&ec2, &vol, &inst).await;
+    let (inst, vol) = ebs_peer::attached_volume(&ec2).await;
     let cfg = config(&moto.url(), &vol, PollLimits::default());
     let signed_with = |secret: &str| {
         let loader = cfg
@@ -454,6 +445,68 @@ async fn ebs_agent(cluster: &common::Cluster, n: &str, instance: &str) -> common
     common::RunningAgent::spawn(agent)
 }
 
+/// Waits until the controller counts a failed fence attempt, at most 30 s.
+async fn wait_failed_attempt(ctl: &Controller) {
+    common::wait_until(
+        "a failed EBS fence attempt",
+        Duration::from_secs(30),
+        || {
+            let failed = ctl.stats().failed.load(Ordering::Relaxed);
+            async move { failed >= 1 }
+        },
+    )
+    .await;
+}
+
+/// Agent n1 (recorded with `instance`) and an EBS controller on `url` started, n1
+/// SIGKILLed, and the controller's first fence attempt failed: the killed agent and
+/// the controller.
+async fn n1_killed_and_a_fence_failed(
+    cluster: &common::Cluster,
+    instance: &str,
+    url: &str,
+    vol: &str,
+) -> (
+    common::RunningAgent,
+    Arc<Controller>,
+    tokio::task::JoinHandle<()>,
+) {
+    let a1 = ebs_agent(cluster, "n1", instance).await;
+    let (ctl, task) = ebs_controller(cluster, url, vol).await;
+    a1.kill();
+    wait_failed_attempt(&ctl).await;
+    (a1, ctl, task)
+}
+
+/// Waits until n1's generation is 1 (`what`: who fenced it), at most 30 s.
+async fn wait_n1_fenced(what: &str, store: &EtcdStore) {
+    common::wait_until(what, Duration::from_secs(30), || {
+        let store = store.clone();
+        async move { common::generation(&store, "n1").await == 1 }
+    })
+    .await;
+}
+
+/// Whether the `fencer_result` of some record of `audit` contains every fragment of
+/// `says`.
+fn a_result_says(audit: &[serde_json::Value], says: &[&str]) -> bool {
+    audit.iter().any(|r| {
+        let r = r["fencer_result"].to_string();
+        says.iter().all(|s| r.contains(s))
+    })
+}
+
+/// Asserts n1's fence is owed, not done: generation 0, and its intent pending with
+/// `instance`.
+async fn assert_n1_owed(store: &EtcdStore, instance: &str) {
+    assert_eq!(common::generation(store, "n1").await, 0);
+    let (snap, _) = store.sweep_snapshot().await.unwrap();
+    assert_eq!(
+        snap.pending.get(&common::node("n1")).map(|p| p.0.as_str()),
+        Some(instance)
+    );
+}
+
 /// A node that died while no controller was watching (all restarting, or the watch
 /// lagging) is found by the sweep with its membership, and the instance id in it,
 /// already gone: the fence must still know which attachment to detach.
@@ -471,11 +524,7 @@ async fn a_sweep_fence_of_a_node_gone_before_any_controller_saw_it_detaches_its_
 
     // Only now a controller starts: no DELETE event will ever reach it.
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
-    common::wait_until("n1 fenced by the sweep", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("n1 fenced by the sweep", &store).await;
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     let audit = store.audit_records(&common::node("n1")).await.unwrap();
     let last = audit.last().expect("an audit record");
@@ -505,11 +554,7 @@ async fn lease_expiry_ebs_fence_bump() {
 
     let t = Instant::now();
     a1.kill(); // SIGKILL-style: the keepalive stops, the lease expires
-    common::wait_until("n1 fenced (generation 1)", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("n1 fenced (generation 1)", &store).await;
     eprintln!(
         "lease expiry -> EBS fence -> bump: {:?} after the kill (TTL {:?})",
         t.elapsed(),
@@ -551,39 +596,17 @@ async fn ec2_down_fence_stays_owed_until_the_sweep_completes_it() {
     let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
     moto.stop();
     a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    wait_failed_attempt(&ctl).await;
     // Not confirmed: no bump, the arena still recorded as n1's, the intent still owed.
     let n1 = common::node("n1");
-    assert_eq!(common::generation(&store, "n1").await, 0);
+    assert_n1_owed(&store, &i1).await;
     assert_eq!(store.owned_arenas(&n1).await.unwrap(), a1.arenas);
-    let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(
-        snap.pending.get(&n1).map(|p| p.0.as_str()),
-        Some(i1.as_str())
-    );
     let audit = store.audit_records(&n1).await.unwrap();
-    assert!(
-        audit
-            .iter()
-            .any(|r| r["fencer_result"].to_string().contains("not confirmed")),
-        "{audit:?}"
-    );
+    assert!(a_result_says(&audit, &["not confirmed"]), "{audit:?}");
 
     // EC2 answers again: the sweep (every 500 ms in the tests) completes the fence.
     moto.resume();
-    common::wait_until("the sweep fences n1", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("the sweep fences n1", &store).await;
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     assert!(store.owned_arenas(&n1).await.unwrap().is_empty());
     let (snap, _) = store.sweep_snapshot().await.unwrap();
@@ -604,31 +627,12 @@ async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
     let proxy = Proxy::start(moto.addr).await;
     proxy.set_corrupt(Corrupt::DropAttachmentSet);
     let store = cluster.store().await;
-    let a1 = ebs_agent(&cluster, "n1", &i1).await;
-    let (ctl, task) = ebs_controller(&cluster, &proxy.url(), &vol).await;
-    a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    let (_a1, _ctl, task) = n1_killed_and_a_fence_failed(&cluster, &i1, &proxy.url(), &vol).await;
     let n1 = common::node("n1");
-    assert_eq!(common::generation(&store, "n1").await, 0);
-    let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(
-        snap.pending.get(&n1).map(|p| p.0.as_str()),
-        Some(i1.as_str())
-    );
+    assert_n1_owed(&store, &i1).await;
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
-        audit.iter().any(|r| {
-            let r = r["fencer_result"].to_string();
-            r.contains("not confirmed") && r.contains("attachmentSet")
-        }),
+        a_result_says(&audit, &["not confirmed", "attachmentSet"]),
         "{audit:?}"
     );
     assert!(
@@ -637,11 +641,7 @@ async fn an_answer_without_attachment_set_leaves_the_fence_owed() {
     );
 
     proxy.set_corrupt(Corrupt::Nothing);
-    common::wait_until("the sweep fences n1", Duration::from_secs(30), || {
-        let store = store.clone();
-        async move { common::generation(&store, "n1").await == 1 }
-    })
-    .await;
+    wait_n1_fenced("the sweep fences n1", &store).await;
     assert!(ebs_peer::attached_to(&ec2, &vol).await.is_empty());
     task.abort();
 }
@@ -659,28 +659,12 @@ async fn a_node_registered_with_a_wrong_instance_id_stays_owed() {
     let (real, vol) = ebs_peer::attached_volume(&ec2).await;
     let wrong = "i-0123456789abcdef0";
     let store = cluster.store().await;
-    let a1 = ebs_agent(&cluster, "n1", wrong).await;
-    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
-    a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    let (_a1, _ctl, task) = n1_killed_and_a_fence_failed(&cluster, wrong, &moto.url(), &vol).await;
     let n1 = common::node("n1");
-    assert_eq!(common::generation(&store, "n1").await, 0);
-    let (snap, _) = store.sweep_snapshot().await.unwrap();
-    assert_eq!(snap.pending.get(&n1).map(|p| p.0.as_str()), Some(wrong));
+    assert_n1_owed(&store, wrong).await;
     let audit = store.audit_records(&n1).await.unwrap();
     assert!(
-        audit.iter().any(|r| {
-            let r = r["fencer_result"].to_string();
-            r.contains("not confirmed") && r.contains(real.as_str())
-        }),
+        a_result_says(&audit, &["not confirmed", real.as_str()]),
         "{audit:?}"
     );
     assert_eq!(ebs_peer::attached_to(&ec2, &vol).await, vec![real]);
@@ -699,18 +683,8 @@ async fn a_node_recorded_with_a_non_ec2_instance_id_is_refused_once_not_retried_
     let (real, vol) = ebs_peer::attached_volume(&ec2).await;
     let store = cluster.store().await;
     // Passes the generic instance rule (so it reaches the fencer), not EC2's.
-    let a1 = ebs_agent(&cluster, "n1", "host-17").await;
-    let (ctl, task) = ebs_controller(&cluster, &moto.url(), &vol).await;
-    a1.kill();
-    common::wait_until(
-        "a failed EBS fence attempt",
-        Duration::from_secs(30),
-        || {
-            let failed = ctl.stats().failed.load(Ordering::Relaxed);
-            async move { failed >= 1 }
-        },
-    )
-    .await;
+    let (_a1, ctl, task) =
+        n1_killed_and_a_fence_failed(&cluster, "host-17", &moto.url(), &vol).await;
     // Ten sweep periods (500 ms each) after the first attempt.
     let sweeps = ctl.stats().sweeps.load(Ordering::Relaxed);
     common::wait_until("ten more sweeps", Duration::from_secs(30), || {

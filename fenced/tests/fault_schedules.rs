@@ -441,15 +441,27 @@ impl World {
         })
     }
 
-    async fn agent(&self, c: &Cluster, n: &str, arenas: usize) -> Result<RunningAgent, String> {
-        let agent = Agent::start(
+    /// Starts the agent of `n` on the shared namespace (`what`: "start" or "restart",
+    /// for the error).
+    async fn start_agent(
+        &self,
+        c: &Cluster,
+        n: &str,
+        arenas: usize,
+        what: &str,
+    ) -> Result<Agent, String> {
+        Agent::start(
             self.connect().await?,
             c.agent_cfg(n, arenas),
             Some(Arc::new(self.ns.host(host_id(n)))),
             key_of(n),
         )
         .await
-        .map_err(|e| format!("agent {n} start: {e}"))?;
+        .map_err(|e| format!("agent {n} {what}: {e}"))
+    }
+
+    async fn agent(&self, c: &Cluster, n: &str, arenas: usize) -> Result<RunningAgent, String> {
+        let agent = self.start_agent(c, n, arenas, "start").await?;
         Ok(RunningAgent::spawn(agent))
     }
 
@@ -460,14 +472,7 @@ impl World {
         n: &str,
         arenas: usize,
     ) -> Result<(RunningAgent, u64), String> {
-        let agent = Agent::start(
-            self.connect().await?,
-            c.agent_cfg(n, arenas),
-            Some(Arc::new(self.ns.host(host_id(n)))),
-            key_of(n),
-        )
-        .await
-        .map_err(|e| format!("agent {n} restart: {e}"))?;
+        let agent = self.start_agent(c, n, arenas, "restart").await?;
         let generation = agent.generation();
         Ok((RunningAgent::spawn(agent), generation))
     }

@@ -157,6 +157,12 @@ fn host_cfg(protocol: Protocol, budget: Budget) -> Config {
     }
 }
 
+/// One expiry, one departure.
+const ONE_DEPARTURE: Budget = Budget {
+    departures: 1,
+    ..NONE
+};
+
 /// One expiry, one fresh start, one daemon restart, one reboot, one operator unfence.
 const HOST: Budget = Budget {
     restarts: 1,
@@ -234,6 +240,16 @@ impl Outcome {
     }
 }
 
+/// Checks `config` exhaustively: safe, each of `sometimes` reached (see
+/// [`Outcome::assert_safe`]), and exactly `states` seen (unique, generated): the
+/// pinned size of this configuration's state space.
+fn check_safe(config: Config, sometimes: &[&str], states: (usize, usize)) -> Outcome {
+    let o = check(config);
+    o.assert_safe(sometimes);
+    assert_eq!((o.unique, o.total), states, "state count changed");
+    o
+}
+
 /// The first counter-example of `property` (BFS: a shortest one), or `None`.
 fn find(config: Config, property: &'static str) -> Option<Vec<String>> {
     let model = ProtocolModel { cfg: config };
@@ -255,104 +271,105 @@ fn find(config: Config, property: &'static str) -> Option<Vec<String>> {
     Some(steps)
 }
 
+/// Asserts that no step of the counter-example `steps` contains any of `whats`.
+fn assert_no_step(steps: &[String], whats: &[&str]) {
+    for w in whats {
+        assert!(!steps.iter().any(|s| s.contains(w)), "{w:?} in {steps:?}");
+    }
+}
+
 // ---------------------------------------------------------------- the safe protocol
 
 #[test]
 fn safe_under_controller_crash_sever_failure_and_watch_faults() {
-    let o = check(cfg(
-        Protocol::SAFE,
-        Budget {
-            crashes: 1,
-            sever_failures: 1,
-            watch_faults: 1,
-            ..NONE
-        },
-    ));
-    o.assert_safe(&[
-        S_FENCED,
-        S_CRASH_RECOVERED,
-        S_ABORTED_THEN_FENCED,
-        S_LOST_EVENT,
-        S_STALE_SNAPSHOT,
-        S_ARENA_REASSIGNED,
-    ]);
-    assert_eq!(
-        (o.unique, o.total),
+    check_safe(
+        cfg(
+            Protocol::SAFE,
+            Budget {
+                crashes: 1,
+                sever_failures: 1,
+                watch_faults: 1,
+                ..NONE
+            },
+        ),
+        &[
+            S_FENCED,
+            S_CRASH_RECOVERED,
+            S_ABORTED_THEN_FENCED,
+            S_LOST_EVENT,
+            S_STALE_SNAPSHOT,
+            S_ARENA_REASSIGNED,
+        ],
         (58_694, 200_833),
-        "state count changed"
     );
 }
 
 #[test]
 fn safe_under_step_errors_claim_expiry_and_rejoin() {
-    let o = check(cfg(
-        Protocol::SAFE,
-        Budget {
-            restarts: 1,
-            step_errors: 1,
-            claim_expiries: 1,
-            ..NONE
-        },
-    ));
-    o.assert_safe(&[S_FENCED, S_CLAIM_LOST, S_JOIN_DROPS_INTENT]);
-    assert_eq!(
-        (o.unique, o.total),
+    check_safe(
+        cfg(
+            Protocol::SAFE,
+            Budget {
+                restarts: 1,
+                step_errors: 1,
+                claim_expiries: 1,
+                ..NONE
+            },
+        ),
+        &[S_FENCED, S_CLAIM_LOST, S_JOIN_DROPS_INTENT],
         (66_693, 215_535),
-        "state count changed"
     );
 }
 
 #[test]
 fn safe_under_departure_and_rejoin() {
-    let o = check(cfg(
-        Protocol::SAFE,
-        Budget {
-            restarts: 1,
-            departures: 1,
-            ..NONE
-        },
-    ));
-    o.assert_safe(&[S_FENCED, S_HONOURED, S_DEPART_REFUSED, S_ARENA_REASSIGNED]);
-    assert_eq!(
-        (o.unique, o.total),
+    check_safe(
+        cfg(
+            Protocol::SAFE,
+            Budget {
+                restarts: 1,
+                departures: 1,
+                ..NONE
+            },
+        ),
+        &[S_FENCED, S_HONOURED, S_DEPART_REFUSED, S_ARENA_REASSIGNED],
         (82_940, 303_587),
-        "state count changed"
     );
 }
 
 #[test]
 fn safe_under_two_expiries() {
-    let o = check(cfg(
-        Protocol::SAFE,
-        Budget {
-            expiries: 2,
-            ..NONE
-        },
-    ));
-    o.assert_safe(&[S_FENCED, S_ARENA_REASSIGNED]);
-    assert_eq!(
-        (o.unique, o.total),
+    check_safe(
+        cfg(
+            Protocol::SAFE,
+            Budget {
+                expiries: 2,
+                ..NONE
+            },
+        ),
+        &[S_FENCED, S_ARENA_REASSIGNED],
         (44_143, 206_587),
-        "state count changed"
     );
 }
 
 #[test]
 fn single_signal_mode_never_releases_arenas() {
-    let o = check(Config {
-        fencer: FencerKind::None,
-        ..cfg(
-            Protocol::SAFE,
-            Budget {
-                restarts: 1,
-                crashes: 1,
-                ..NONE
-            },
-        )
-    });
-    o.assert_safe(&[S_FENCED]);
+    let o = check_safe(
+        Config {
+            fencer: FencerKind::None,
+            ..cfg(
+                Protocol::SAFE,
+                Budget {
+                    restarts: 1,
+                    crashes: 1,
+                    ..NONE
+                },
+            )
+        },
+        &[S_FENCED],
+        (4_853, 15_170),
+    );
     assert!(!o.discovered.contains(S_ARENA_REASSIGNED));
-    assert_eq!((o.unique, o.total), (4_853, 15_170), "state count changed");
 }
 
 // ---------------------------------------------------------------- writers outliving their daemon
@@ -363,21 +380,23 @@ fn single_signal_mode_never_releases_arenas() {
 /// operator stopped the application and ran `unfence`.
 #[test]
 fn safe_when_writers_outlive_daemon_restarts() {
-    let o = check(host_cfg(Protocol::SAFE, HOST));
-    o.assert_safe(&[
-        S_FENCED,
-        S_ARENA_REASSIGNED,
-        S_RESTART_REFUSED,
-        S_UNFENCE_REJOIN,
-        S_REBOOT_REJOIN,
-    ]);
+    let o = check_safe(
+        host_cfg(Protocol::SAFE, HOST),
+        &[
+            S_FENCED,
+            S_ARENA_REASSIGNED,
+            S_RESTART_REFUSED,
+            S_UNFENCE_REJOIN,
+            S_REBOOT_REJOIN,
+        ],
+        (14_926, 51_203),
+    );
     assert!(
         o.model
             .properties()
             .iter()
             .any(|p| p.name == I1_FENCED_NO_WRITE)
     );
-    assert_eq!((o.unique, o.total), (14_926, 51_203), "state count changed");
 }
 
 // ---------------------------------------------------------------- liveness
@@ -536,33 +555,12 @@ fn departure_before_quiescence_is_caught() {
         depart_before_quiesce: true,
         ..Protocol::SAFE
     };
-    let steps = find(
-        cfg(
-            broken,
-            Budget {
-                departures: 1,
-                ..NONE
-            },
-        ),
-        I1_ARENA,
-    )
-    .expect("the checker must find the arena violation");
+    let steps = find(cfg(broken, ONE_DEPARTURE), I1_ARENA)
+        .expect("the checker must find the arena violation");
     assert!(steps.iter().any(|s| s.contains("release_own_arenas")));
-    assert!(!steps.iter().any(|s| s.contains("quiesce")), "{steps:?}");
+    assert_no_step(&steps, &["quiesce"]);
     // The correct order, same budget: no violation.
-    assert!(
-        find(
-            cfg(
-                Protocol::SAFE,
-                Budget {
-                    departures: 1,
-                    ..NONE
-                }
-            ),
-            I1_ARENA
-        )
-        .is_none()
-    );
+    assert!(find(cfg(Protocol::SAFE, ONE_DEPARTURE), I1_ARENA).is_none());
 }
 
 /// A fence that bumps although `verify` found the key still registered.
@@ -590,17 +588,8 @@ fn unconditioned_departure_is_caught() {
         depart_unconditioned: true,
         ..Protocol::SAFE
     };
-    let steps = find(
-        cfg(
-            broken,
-            Budget {
-                departures: 1,
-                ..NONE
-            },
-        ),
-        I4_NO_SELF_EXEMPTION,
-    )
-    .expect("I4 must be violated");
+    let steps =
+        find(cfg(broken, ONE_DEPARTURE), I4_NO_SELF_EXEMPTION).expect("I4 must be violated");
     let expiry = steps.iter().position(|s| s.contains("lease_expired"));
     let depart = steps.iter().position(|s| s.contains("depart"));
     assert!(expiry < depart, "{steps:?}");
@@ -629,10 +618,7 @@ fn release_by_expired_node_lets_fence_free_a_reassigned_arena() {
         release_requires_live_membership: false,
         ..Protocol::SAFE
     };
-    let budget = Budget {
-        departures: 1,
-        ..NONE
-    };
+    let budget = ONE_DEPARTURE;
     let steps = find(cfg(without, budget), I1_ARENA).expect("arena violation");
     assert!(steps.iter().any(|s| s.contains("release_own_arenas")));
     // Either fix closes it: the finishing transaction re-checking the owner...
@@ -685,10 +671,7 @@ fn restart_that_registers_regardless_lets_the_old_writer_write() {
     let join = at("n1: join").expect("n1 started again");
     assert!(bump < join, "{steps:?}");
     assert!(at("n1: unfence").is_some(), "{steps:?}");
-    assert!(
-        at("reboot").is_none() && at("operator").is_none(),
-        "{steps:?}"
-    );
+    assert_no_step(&steps, &["reboot", "operator"]);
     assert!(find(host_cfg(old, HOST), I1_FENCED_NO_WRITE).is_some());
     // The refusal closes it, same budget: the one at start (issue 14's rule) alone...
     let start_check_only = Protocol {
@@ -731,17 +714,12 @@ fn instance_joined_before_the_fence_registers_after_it() {
     let verify = at("[verify]").expect("the fence verified");
     let unfence = at("n1: unfence").expect("n1 registered");
     assert!(join < verify && verify < unfence, "{steps:?}");
-    assert!(
-        at("reboot").is_none() && at("operator").is_none(),
-        "{steps:?}"
-    );
+    assert_no_step(&steps, &["reboot", "operator"]);
     // Same budget, registration at most once per boot: safe.
-    let o = check(host_cfg(Protocol::SAFE, budget));
-    o.assert_safe(&[S_FENCED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
-    assert_eq!(
-        (o.unique, o.total),
+    check_safe(
+        host_cfg(Protocol::SAFE, budget),
+        &[S_FENCED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED],
         (86_622, 391_273),
-        "state count changed"
     );
 }
 
@@ -767,12 +745,10 @@ fn leave_with_an_earlier_application_running_is_caught() {
     let release = at("n1: release_own_arenas").expect("n1 gave a0 back");
     assert!(self_fence < release, "{steps:?}");
     assert!(at("[bump").is_none(), "not fenced: {steps:?}");
-    let o = check(host_cfg(Protocol::SAFE, budget));
-    o.assert_safe(&[S_FENCED, S_HONOURED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED]);
-    assert_eq!(
-        (o.unique, o.total),
+    check_safe(
+        host_cfg(Protocol::SAFE, budget),
+        &[S_FENCED, S_HONOURED, S_ARENA_REASSIGNED, S_REGISTER_REFUSED],
         (86_832, 314_493),
-        "state count changed"
     );
 }
 
@@ -804,15 +780,10 @@ fn a_leave_lets_the_next_start_register_only_if_it_registered() {
         .rposition(|s| s.contains("n1: unfence"))
         .expect("n1 registered again");
     assert!(restart < depart && depart < unfence, "{steps:?}");
-    assert!(
-        at("reboot").is_none() && at("operator").is_none() && at("[bump").is_none(),
-        "{steps:?}"
-    );
-    let o = check(host_cfg(Protocol::SAFE, budget));
-    o.assert_safe(&[S_HONOURED, S_LEFT_THEN_REGISTERED, S_REGISTER_REFUSED]);
-    assert_eq!(
-        (o.unique, o.total),
+    assert_no_step(&steps, &["reboot", "operator", "[bump"]);
+    check_safe(
+        host_cfg(Protocol::SAFE, budget),
+        &[S_HONOURED, S_LEFT_THEN_REGISTERED, S_REGISTER_REFUSED],
         (248_430, 993_954),
-        "state count changed"
     );
 }

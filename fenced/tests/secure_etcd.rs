@@ -11,12 +11,13 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::process::FencedRun;
 use common::secure::{SecureEtcd, password_file, tls_args};
-use fenced::store::EtcdSecurity;
+use fenced::store::{EtcdSecurity, EtcdStore};
 use test_support::etcd::{Etcd, EtcdOptions};
 use test_support::tls::Pki;
 
@@ -63,6 +64,33 @@ fn assert_one_line(what: &str, o: &Output, took: Duration, limit: Duration, expe
     );
 }
 
+/// `fenced status` on `endpoint` with `security` fails as exactly one line containing
+/// every fragment of `expect`, within `limit`.
+fn status_fails(
+    what: &str,
+    endpoint: &str,
+    security: &EtcdSecurity,
+    limit: Duration,
+    expect: &[&str],
+) {
+    let (o, took) = status(endpoint, security);
+    assert_one_line(what, &o, took, limit, expect);
+}
+
+/// `fenced run` as node `node` (no fencer) on `endpoint` with `args`, for a start that
+/// ends (logging errors only); its output and how long it took.
+fn run_exits(endpoint: &str, node: &str, args: &[String]) -> (Output, Duration) {
+    let t0 = Instant::now();
+    let o = fenced()
+        .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
+        .args(["--etcd-endpoints", endpoint])
+        .args(args)
+        .env("FENCED_LOG", "error")
+        .output()
+        .unwrap();
+    (o, t0.elapsed())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let sec = SecureEtcd::start(None).await;
@@ -78,20 +106,24 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let mut s = sec.security("ops");
     let missing = sec.pki.dir().join("no-such-key.pem");
     s.key = Some(missing.clone());
-    let (o, took) = status(&sec.endpoint(), &s);
     let m = missing.display().to_string();
-    assert_one_line("missing key", &o, took, limit, &[&m, "--etcd-key"]);
+    status_fails(
+        "missing key",
+        &sec.endpoint(),
+        &s,
+        limit,
+        &[&m, "--etcd-key"],
+    );
 
     // A CA that did not sign the server's certificate.
     let other = Pki::new("another CA");
     let mut s = sec.security("ops");
     s.ca = Some(other.ca());
-    let (o, took) = status(&sec.endpoint(), &s);
     let ca = other.ca().display().to_string();
-    assert_one_line(
+    status_fails(
         "bad CA",
-        &o,
-        took,
+        &sec.endpoint(),
+        &s,
         limit,
         &["TLS handshake failed", "UnknownIssuer", &ca],
     );
@@ -101,12 +133,11 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let mut s = sec.security("ops");
     s.cert = Some(expired.cert.clone());
     s.key = Some(expired.key);
-    let (o, took) = status(&sec.endpoint(), &s);
     let cert = expired.cert.display().to_string();
-    assert_one_line(
+    status_fails(
         "expired client certificate",
-        &o,
-        took,
+        &sec.endpoint(),
+        &s,
         limit,
         &["expired 2001-01-01", &cert],
     );
@@ -117,11 +148,10 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let mut s = sec.security("ops");
     s.cert = None;
     s.key = None;
-    let (o, took) = status(&sec.endpoint(), &s);
-    assert_one_line(
+    status_fails(
         "no client certificate",
-        &o,
-        took,
+        &sec.endpoint(),
+        &s,
         limit,
         &[
             "refused the connection",
@@ -131,22 +161,23 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     );
 
     // TLS files with a plaintext endpoint: refused before connecting.
-    let (o, took) = status(
+    status_fails(
+        "http endpoint",
         &sec.endpoint().replace("https://", "http://"),
         &sec.security("ops"),
+        limit,
+        &["not https://"],
     );
-    assert_one_line("http endpoint", &o, took, limit, &["not https://"]);
 
     // A server whose certificate names another host.
     let wrong = Etcd::start_with(&EtcdOptions {
         tls: Some(sec.pki.server_for("elsewhere", &["db.example.com"])),
         ..EtcdOptions::default()
     });
-    let (o, took) = status(&wrong.endpoint(), &sec.security("ops"));
-    assert_one_line(
+    status_fails(
         "wrong host",
-        &o,
-        took,
+        &wrong.endpoint(),
+        &sec.security("ops"),
         limit,
         &["TLS handshake failed", "NotValidForName"],
     );
@@ -155,18 +186,11 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     // refuses its certificate: it exits with the same one line.
     let mut s = sec.security("n1");
     s.ca = Some(other.ca());
-    let t0 = Instant::now();
-    let o = fenced()
-        .args(["run", "--fencer", "none", "--node-id", "n1", "--root", ROOT])
-        .args(["--etcd-endpoints", &sec.endpoint()])
-        .args(tls_args(&s))
-        .env("FENCED_LOG", "error")
-        .output()
-        .unwrap();
+    let (o, took) = run_exits(&sec.endpoint(), "n1", &tls_args(&s));
     assert_one_line(
         "run with a bad CA",
         &o,
-        t0.elapsed(),
+        took,
         limit,
         &[
             "refused the connection",
@@ -189,19 +213,12 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
     let foreign = other.client("n1");
     s.cert = Some(foreign.cert.clone());
     s.key = Some(foreign.key);
-    let t0 = Instant::now();
-    let o = fenced()
-        .args(["run", "--fencer", "none", "--node-id", "n1", "--root", ROOT])
-        .args(["--etcd-endpoints", &sec.endpoint()])
-        .args(tls_args(&s))
-        .env("FENCED_LOG", "error")
-        .output()
-        .unwrap();
+    let (o, took) = run_exits(&sec.endpoint(), "n1", &tls_args(&s));
     let cert = foreign.cert.display().to_string();
     assert_one_line(
         "run with a client certificate of another CA",
         &o,
-        t0.elapsed(),
+        took,
         limit,
         &["refused the connection", &cert, &sec.endpoint()],
     );
@@ -227,67 +244,96 @@ async fn wait_for(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn full_fence_over_tls_with_certificate_and_password_identities() {
-    // Tokens live 3 s; the run outlasts several and restarts the member, which
-    // forgets every simple token.
-    let mut sec = SecureEtcd::start(Some(3)).await;
+/// `--- <name>` and the log of each daemon, for a timeout's panic.
+fn logs_of(runs: &[(&str, &FencedRun)]) -> String {
+    runs.iter()
+        .map(|(name, run)| format!("--- {name}\n{}", run.log()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Waits until every node of `nodes` is a member, at most 30 s.
+async fn wait_joined(ops: &EtcdStore, nodes: &[&str], logs: impl Fn() -> String) {
+    wait_for(
+        &format!("{} joined", nodes.join(" and ")),
+        Duration::from_secs(30),
+        logs,
+        async || {
+            ops.status()
+                .await
+                .is_ok_and(|s| nodes.iter().all(|n| s.members.iter().any(|(m, _)| m == n)))
+        },
+    )
+    .await;
+}
+
+/// `fenced etcd-roles --apply` as etcd's root for `nodes` (comma-separated), with the
+/// flags `extra`; what it printed.
+fn apply_roles(sec: &SecureEtcd, nodes: &str, extra: &[&str]) -> String {
+    let o = fenced()
+        .args(["etcd-roles", "--root", ROOT, "--nodes", nodes, "--apply"])
+        .args(extra)
+        .args(["--etcd-endpoints", &sec.endpoint()])
+        .args(sec.args("root"))
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    out
+}
+
+/// The certificate flags of `cn` followed by `extra`.
+fn args_of(sec: &SecureEtcd, cn: &str, extra: &[&str]) -> Vec<String> {
+    let mut args = sec.args(cn);
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
+    args
+}
+
+/// The two daemons of a full fence over TLS, started with `flags` (and a with
+/// `a_env`) and joined, and the store of `ops`: all three hold role `fenced`
+/// (read-write on ROOT); node a is a user with a password (written to a file in
+/// `dir`), node b and `ops` are identified by their certificates' CNs.
+async fn a_and_b_joined(
+    sec: &SecureEtcd,
+    dir: &Path,
+    flags: &[&str],
+    a_env: &[(&str, &str)],
+) -> (FencedRun, FencedRun, EtcdStore) {
     sec.add_prefix_role("fenced", ROOT).await;
     // Node a: user and password (from a file). Node b: its certificate's CN.
     sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
     sec.add_user("b", None, &["fenced"]).await;
     sec.add_user("ops", None, &["fenced"]).await;
-    let dir = tempfile::tempdir().unwrap();
-    let mut a_sec = EtcdSecurity {
-        ca: Some(sec.pki.ca()),
-        user: Some("a".into()),
-        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
-        ..EtcdSecurity::default()
-    };
     // Node a also presents a certificate (the server requires one); its CN is not a
     // user, so the identity etcd uses is the password's.
     let a_cert = sec.pki.client("a-host");
-    a_sec.cert = Some(a_cert.cert);
-    a_sec.key = Some(a_cert.key);
-    let a_args = tls_args(&a_sec);
-    let b_args = sec.args("b");
-    let a_args: Vec<&str> = a_args.iter().map(String::as_str).collect();
-    let b_args: Vec<&str> = b_args.iter().map(String::as_str).collect();
+    let a_sec = EtcdSecurity {
+        ca: Some(sec.pki.ca()),
+        cert: Some(a_cert.cert),
+        key: Some(a_cert.key),
+        user: Some("a".into()),
+        password_file: Some(password_file(dir, "a.pw", "pw-of-a")),
+        ..EtcdSecurity::default()
+    };
     let ep = sec.endpoint();
+    let (a_tls, b_args) = (tls_args(&a_sec), args_of(sec, "b", flags));
+    let a_args = [strs(&a_tls), flags.to_vec()].concat();
+    let a = FencedRun::start(&ep, ROOT, "a", dir, &a_args, a_env);
+    let b = FencedRun::start(&ep, ROOT, "b", dir, &strs(&b_args), &[]);
+    let ops = sec.store("ops", ROOT).await.expect("operator store");
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
+    (a, b, ops)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_fence_over_tls_with_certificate_and_password_identities() {
+    // Tokens live 3 s; the run outlasts several and restarts the member, which
+    // forgets every simple token.
+    let mut sec = SecureEtcd::start(Some(3)).await;
+    let dir = tempfile::tempdir().unwrap();
     // TTL 2 s (FencedRun's); the margin covers the member restart.
     let ttl = ["--self-fence-margin-secs", "10"];
-    let mut a = FencedRun::start(
-        &ep,
-        ROOT,
-        "a",
-        dir.path(),
-        &[&a_args[..], &ttl].concat(),
-        &[],
-    );
-    let mut b = FencedRun::start(
-        &ep,
-        ROOT,
-        "b",
-        dir.path(),
-        &[&b_args[..], &ttl].concat(),
-        &[],
-    );
-
-    let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
+    let (mut a, mut b, ops) = a_and_b_joined(&sec, dir.path(), &ttl, &[]).await;
 
     // Outlast the token TTL twice, then restart the member: a's token is gone.
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -329,14 +375,7 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
     // The roles, applied through the binary as etcd's root.
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    let out = apply_roles(&sec, "a,b", &[]);
     assert!(
         out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/membership/a"),
         "{out}"
@@ -346,38 +385,16 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
 
     // Agents with their node's credentials only; the controller on its own.
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut args = sec.args(n);
-        args.extend(["--role".to_owned(), "agent".to_owned()]);
-        args
-    };
+    let agent = |n: &str| args_of(&sec, n, &["--role", "agent"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
-    let mut c_args = sec.args("ctl");
-    c_args.extend(["--role".to_owned(), "controller".to_owned()]);
+    let c_args = args_of(&sec, "ctl", &["--role", "controller"]);
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || {
-        format!(
-            "--- a\n{}\n--- b\n{}\n--- ctl\n{}",
-            a.log(),
-            b.log(),
-            c.log()
-        )
-    };
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
+    wait_joined(&ops, &["a", "b"], || {
+        logs_of(&[("a", &a), ("b", &b), ("ctl", &c)])
+    })
     .await;
 
     // Node b's credentials cannot write node a's keys, nor any generation.
@@ -407,19 +424,13 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
         "gen/b",
         "fence_claim/a",
     ] {
-        let e = as_b
-            .put(format!("{ROOT}{k}"), "forged", None)
-            .await
-            .expect_err(&format!("b wrote {k}"));
-        let e = fenced::store::StoreError::classify("put", e);
-        assert!(e.is_denied(), "{k}: {e}");
+        let e = put_denied("b", &mut as_b, &format!("{ROOT}{k}"), "forged").await;
         assert!(e.to_string().contains("permission denied"), "{k}: {e}");
     }
     // Through fenced's own transactions too: b departing a.
     let store_b = sec.store("b", ROOT).await.expect("b's store");
     let node_a = fenced::NodeId::new("a").unwrap();
-    let m = root.get(format!("{ROOT}membership/a"), None).await.unwrap();
-    let a_rev = m.kvs()[0].create_revision();
+    let a_rev = membership_rev(&mut root, "a").await;
     let e = store_b
         .depart(&node_a, "i-a", a_rev, None)
         .await
@@ -441,7 +452,7 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     // fences it (claim, bump, audit) and a keeps running.
     let node_b = fenced::NodeId::new("b").unwrap();
     b.kill();
-    let logs = || format!("--- a\n{}\n--- ctl\n{}", a.log(), c.log());
+    let logs = || logs_of(&[("a", &a), ("ctl", &c)]);
     wait_for("ctl fenced b", Duration::from_secs(40), logs, async || {
         ops.generation(&node_b).await.is_ok_and(|(g, _)| g == 1)
     })
@@ -453,11 +464,15 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
     assert!(c.running(), "ctl exited: {}", c.log());
 }
 
-/// Every key under the arena prefixes (`arena_pool/`, `arena_claim/`, `arena_node/`)
-/// and its value, read as root.
-async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
+/// The prefixes of the arena keys.
+const ARENA_PREFIXES: [&str; 3] = ["arena_pool/", "arena_claim/", "arena_node/"];
+/// The prefixes of the arena keys before per-node claims, whose keys name no node.
+const LEGACY_ARENA_PREFIXES: [&str; 2] = ["arena_owner/", "arena_free/"];
+
+/// Every key under `prefixes` (below ROOT) and its value, read as root.
+async fn keys_under(root: &mut etcd_client::Client, prefixes: &[&str]) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
-    for p in ["arena_pool/", "arena_claim/", "arena_node/"] {
+    for p in prefixes {
         let r = root
             .get(
                 format!("{ROOT}{p}"),
@@ -475,19 +490,37 @@ async fn arena_keys(root: &mut etcd_client::Client) -> Vec<(String, Vec<u8>)> {
     out
 }
 
+/// The create revision of node `n`'s membership key, read as root.
+async fn membership_rev(root: &mut etcd_client::Client, n: &str) -> i64 {
+    let m = root
+        .get(format!("{ROOT}membership/{n}"), None)
+        .await
+        .unwrap();
+    m.kvs()[0].create_revision()
+}
+
+/// Puts `value` at `key` with `who`'s client and asserts etcd refused it
+/// (`StoreError::is_denied`); the refusal.
+async fn put_denied(
+    who: &str,
+    client: &mut etcd_client::Client,
+    key: &str,
+    value: &str,
+) -> fenced::store::StoreError {
+    let e = client
+        .put(key, value, None)
+        .await
+        .expect_err(&format!("{who} wrote {key}"));
+    let e = fenced::store::StoreError::classify("put", e);
+    assert!(e.is_denied(), "{key}: {e}");
+    e
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_cannot_claim_or_release_another_nodes_arena() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--arenas", "x,y,z"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "etcd-roles: {}{out}", stderr(&o));
+    let out = apply_roles(&sec, "a,b", &["--arenas", "x,y,z"]);
     assert!(
         out.contains("etcdctl role grant-permission fenced-node-a readwrite /sec/arena_claim/x/a"),
         "{out}"
@@ -495,16 +528,12 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // Agents only, one arena each, from the pool `--apply` seeded.
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut a = sec.args(n);
-        a.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
-        a
-    };
+    let agent = |n: &str| args_of(&sec, n, &["--role", "agent", "--arenas", "1"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    let logs = || logs_of(&[("a", &a), ("b", &b)]);
     wait_for(
         "a and b each own an arena",
         Duration::from_secs(30),
@@ -533,15 +562,11 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         fenced::NodeId::new("b").unwrap(),
     );
     let mut root = sec.client("root").await;
-    let rev_of = async |root: &mut etcd_client::Client, n: &str| {
-        let m = root
-            .get(format!("{ROOT}membership/{n}"), None)
-            .await
-            .unwrap();
-        m.kvs()[0].create_revision()
-    };
-    let (a_rev, b_rev) = (rev_of(&mut root, "a").await, rev_of(&mut root, "b").await);
-    let before = arena_keys(&mut root).await;
+    let (a_rev, b_rev) = (
+        membership_rev(&mut root, "a").await,
+        membership_rev(&mut root, "b").await,
+    );
+    let before = keys_under(&mut root, &ARENA_PREFIXES).await;
     assert!(
         before
             .iter()
@@ -575,12 +600,7 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         format!("{ROOT}arena_pool/{arena_a}"),
         format!("{ROOT}arena_pool/{arena_b}"),
     ] {
-        let e = as_b
-            .put(k.as_str(), "forged", None)
-            .await
-            .expect_err(&format!("b wrote {k}"));
-        let e = fenced::store::StoreError::classify("put", e);
-        assert!(e.is_denied(), "{k}: {e}");
+        put_denied("b", &mut as_b, &k, "forged").await;
         let e = as_b
             .delete(k.as_str(), None)
             .await
@@ -589,18 +609,11 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
         assert!(e.is_denied(), "{k}: {e}");
     }
     // Nor the layout before per-node claims, whose keys name no node.
-    for k in ["arena_owner/", "arena_free/"] {
-        let e = as_b
-            .put(format!("{ROOT}{k}{arena_a}"), "b", None)
-            .await
-            .expect_err(&format!("b wrote {k}"));
-        assert!(
-            fenced::store::StoreError::classify("put", e).is_denied(),
-            "{k}"
-        );
+    for k in LEGACY_ARENA_PREFIXES {
+        put_denied("b", &mut as_b, &format!("{ROOT}{k}{arena_a}"), "b").await;
     }
     assert_eq!(
-        arena_keys(&mut root).await,
+        keys_under(&mut root, &ARENA_PREFIXES).await,
         before,
         "b's attempts changed an arena key"
     );
@@ -613,14 +626,7 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
 async fn arena_records_of_the_older_layout_are_refused_until_converted() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--arenas", "x,y"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    apply_roles(&sec, "a,b", &["--arenas", "x,y"]);
     sec.add_user("ctl", None, &["fenced-controller"]).await;
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // What an older fenced left: a owns x, y is free.
@@ -633,16 +639,11 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         root.put(format!("{ROOT}{k}"), v, None).await.unwrap();
     }
     let run = |n: &str, extra: &[&str]| {
-        let t0 = Instant::now();
-        let o = fenced()
-            .args(["run", "--fencer", "none", "--node-id", n, "--root", ROOT])
-            .args(["--etcd-endpoints", &ep, "--arenas", "1"])
-            .args(sec.args(n))
-            .args(extra)
-            .env("FENCED_LOG", "error")
-            .output()
-            .unwrap();
-        (o, t0.elapsed())
+        run_exits(
+            &ep,
+            n,
+            &args_of(&sec, n, &[&["--arenas", "1"][..], extra].concat()),
+        )
     };
     // An agent refuses to start next to them, naming them and the way out.
     let (o, took) = run("b", &["--role", "agent"]);
@@ -667,26 +668,17 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         Duration::from_secs(8),
         &["cannot seed", "permission denied"],
     );
-    let legacy = async |root: &mut etcd_client::Client| {
-        let mut n = 0;
-        for p in ["arena_owner/", "arena_free/"] {
-            let r = root
-                .get(
-                    format!("{ROOT}{p}"),
-                    Some(etcd_client::GetOptions::new().with_prefix()),
-                )
-                .await
-                .unwrap();
-            n += r.kvs().len();
-        }
-        n
-    };
+    let legacy =
+        async |root: &mut etcd_client::Client| keys_under(root, &LEGACY_ARENA_PREFIXES).await.len();
     assert_eq!(legacy(&mut root).await, 2);
 
     // The controller converts them at its start: a keeps x, y is free.
     let dir = tempfile::tempdir().unwrap();
-    let mut c_args = sec.args("ctl");
-    c_args.extend(["--role", "controller", "--seed-arenas", "x,y"].map(str::to_owned));
+    let c_args = args_of(
+        &sec,
+        "ctl",
+        &["--role", "controller", "--seed-arenas", "x,y"],
+    );
     let mut c = FencedRun::start(&ep, ROOT, "ctl", dir.path(), &strs(&c_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
     let logs = || c.log();
@@ -703,10 +695,9 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
     .await;
     assert_eq!(legacy(&mut root).await, 0);
     // b starts now, and claims y: x is a's.
-    let mut b_args = sec.args("b");
-    b_args.extend(["--role", "agent", "--arenas", "1"].map(str::to_owned));
+    let b_args = args_of(&sec, "b", &["--role", "agent", "--arenas", "1"]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let logs = || format!("--- b\n{}\n--- ctl\n{}", b.log(), c.log());
+    let logs = || logs_of(&[("b", &b), ("ctl", &c)]);
     wait_for("b claimed y", Duration::from_secs(30), logs, async || {
         ops.status().await.is_ok_and(|s| {
             s.arenas.contains(&("y".to_owned(), "b".to_owned()))
@@ -722,13 +713,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
 async fn revoking_a_nodes_role_makes_it_self_fence() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b,c", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
+    apply_roles(&sec, "a,b,c", &[]);
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // a: agent only; b: agent and controller (node role plus the controller role).
     sec.client("root")
@@ -737,29 +722,14 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut a_args = sec.args("a");
-    a_args.extend(["--role".to_owned(), "agent".to_owned()]);
+    let a_args = args_of(&sec, "a", &["--role", "agent"]);
     // b, the fencer, gets a wide margin: a spurious self-fence of b under a loaded
     // machine would leave no one to fence a.
-    let mut b_args = sec.args("b");
-    b_args.extend(["--self-fence-margin-secs".to_owned(), "10".to_owned()]);
+    let b_args = args_of(&sec, "b", &["--self-fence-margin-secs", "10"]);
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
 
     sec.client("root")
         .await
@@ -780,7 +750,7 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
     assert!(log.contains("etcd refuses this node's writes"), "{log}");
     // And b fenced it once its lease expired.
     let node_a = fenced::NodeId::new("a").unwrap();
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
+    let logs = || logs_of(&[("a", &a), ("b", &b)]);
     wait_for("b fenced a", Duration::from_secs(40), logs, async || {
         ops.generation(&node_a).await.is_ok_and(|(g, _)| g >= 1)
     })
@@ -807,47 +777,13 @@ async fn revoking_a_nodes_role_makes_it_self_fence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn member_killed_mid_fence_over_tls_and_auth() {
     let mut sec = SecureEtcd::start(Some(3)).await;
-    sec.add_prefix_role("fenced", ROOT).await;
-    sec.add_user("a", Some("pw-of-a"), &["fenced"]).await;
-    sec.add_user("b", None, &["fenced"]).await;
-    sec.add_user("ops", None, &["fenced"]).await;
     let dir = tempfile::tempdir().unwrap();
-    let a_cert = sec.pki.client("a-host");
-    let a_sec = EtcdSecurity {
-        ca: Some(sec.pki.ca()),
-        cert: Some(a_cert.cert),
-        key: Some(a_cert.key),
-        user: Some("a".into()),
-        password_file: Some(password_file(dir.path(), "a.pw", "pw-of-a")),
-        ..EtcdSecurity::default()
-    };
-    let ep = sec.endpoint();
     let margin = ["--self-fence-margin-secs", "10", "--claim-ttl-secs", "20"];
-    let (a_tls, b_tls) = (tls_args(&a_sec), sec.args("b"));
-    let a_args = [strs(&a_tls), margin.to_vec()].concat();
-    let b_args = [strs(&b_tls), margin.to_vec()].concat();
-    let mut a = FencedRun::start(
-        &ep,
-        ROOT,
-        "a",
+    let (mut a, mut b, ops) = a_and_b_joined(
+        &sec,
         dir.path(),
-        &a_args,
+        &margin,
         &[("FAILPOINTS", "fence::bump=return(a/*=sleep:4000)")],
-    );
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &b_args, &[]);
-    let ops = sec.store("ops", ROOT).await.expect("operator store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
     )
     .await;
     b.kill();
@@ -892,49 +828,33 @@ async fn member_killed_mid_fence_over_tls_and_auth() {
     assert!(a.running(), "a exited: {}", a.log());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn attest_needs_the_operator_role_and_records_the_authenticated_identity() {
-    let sec = SecureEtcd::start(None).await;
+/// Roles for nodes a and b applied, users `operators` with the operator role, a and b
+/// started as agents only (nothing fences b but an operator) and joined, then b
+/// SIGKILLed and its lease expired. The running a, and the first operator's store.
+async fn b_down_with_operators(
+    sec: &SecureEtcd,
+    dir: &Path,
+    operators: &[&str],
+) -> (FencedRun, EtcdStore) {
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
-    sec.add_user("alice", None, &["fenced-operator"]).await;
-    // Agents only: nothing fences b but the operator.
-    let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut a = sec.args(n);
-        a.extend(["--role".to_owned(), "agent".to_owned()]);
-        a
-    };
+    apply_roles(sec, "a,b", &[]);
+    for op in operators {
+        sec.add_user(op, None, &["fenced-operator"]).await;
+    }
+    let agent = |n: &str| args_of(sec, n, &["--role", "agent"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
-    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let ops = sec.store("alice", ROOT).await.expect("alice's store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
+    let a = FencedRun::start(&ep, ROOT, "a", dir, &strs(&a_args), &[]);
+    let mut b = FencedRun::start(&ep, ROOT, "b", dir, &strs(&b_args), &[]);
+    let ops = sec
+        .store(operators[0], ROOT)
+        .await
+        .unwrap_or_else(|e| panic!("{}'s store: {e:?}", operators[0]));
+    wait_joined(&ops, &["a", "b"], || logs_of(&[("a", &a), ("b", &b)])).await;
     b.kill();
-    let logs = || String::new();
     wait_for(
         "b's lease expired",
         Duration::from_secs(20),
-        logs,
+        String::new,
         async || {
             ops.status()
                 .await
@@ -942,6 +862,15 @@ async fn attest_needs_the_operator_role_and_records_the_authenticated_identity()
         },
     )
     .await;
+    (a, ops)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn attest_needs_the_operator_role_and_records_the_authenticated_identity() {
+    let sec = SecureEtcd::start(None).await;
+    let ep = sec.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let (_a, ops) = b_down_with_operators(&sec, dir.path(), &["alice"]).await;
     let attest = |cn: &str| {
         fenced()
             .args(["attest", "--root", ROOT, "--node-id", "b"])
@@ -975,51 +904,8 @@ async fn attest_needs_the_operator_role_and_records_the_authenticated_identity()
 async fn two_person_attest_waits_for_a_second_distinct_operator() {
     let sec = SecureEtcd::start(None).await;
     let ep = sec.endpoint();
-    let o = fenced()
-        .args(["etcd-roles", "--root", ROOT, "--nodes", "a,b", "--apply"])
-        .args(["--etcd-endpoints", &ep])
-        .args(sec.args("root"))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "etcd-roles: {}", stderr(&o));
-    sec.add_user("alice", None, &["fenced-operator"]).await;
-    sec.add_user("bob", None, &["fenced-operator"]).await;
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| {
-        let mut a = sec.args(n);
-        a.extend(["--role".to_owned(), "agent".to_owned()]);
-        a
-    };
-    let (a_args, b_args) = (agent("a"), agent("b"));
-    let a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
-    let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
-    let ops = sec.store("alice", ROOT).await.expect("alice's store");
-    let logs = || format!("--- a\n{}\n--- b\n{}", a.log(), b.log());
-    wait_for(
-        "a and b joined",
-        Duration::from_secs(30),
-        logs,
-        async || {
-            ops.status().await.is_ok_and(|s| {
-                ["a", "b"]
-                    .iter()
-                    .all(|n| s.members.iter().any(|(m, _)| m == n))
-            })
-        },
-    )
-    .await;
-    b.kill();
-    wait_for(
-        "b's lease expired",
-        Duration::from_secs(20),
-        String::new,
-        async || {
-            ops.status()
-                .await
-                .is_ok_and(|s| !s.members.iter().any(|(m, _)| m == "b"))
-        },
-    )
-    .await;
+    let (_a, ops) = b_down_with_operators(&sec, dir.path(), &["alice", "bob"]).await;
     let node_b = fenced::NodeId::new("b").unwrap();
     // The number of operators from the config file, or from the flags.
     let config = dir.path().join("fenced.toml");

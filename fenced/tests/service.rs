@@ -82,6 +82,31 @@ impl Drop for NotifySocket {
     }
 }
 
+/// A test's own etcd, its endpoint, a scratch directory, and a store under `root`.
+async fn etcd_and_store(root: &str) -> (Etcd, String, tempfile::TempDir, EtcdStore) {
+    let etcd = Etcd::start();
+    let ep = etcd.endpoint();
+    let dir = tempfile::tempdir().unwrap();
+    let store = EtcdStore::connect(std::slice::from_ref(&ep), root, Duration::from_secs(3))
+        .await
+        .unwrap();
+    (etcd, ep, dir, store)
+}
+
+/// Waits until the daemon has sent `READY=1`, at most `limit`.
+async fn wait_ready(notify: &NotifySocket, limit: Duration) {
+    wait_until("READY", limit, || async { notify.has("READY=1") }).await;
+}
+
+/// Waits until the daemon's process has ended, at most `limit`.
+async fn wait_exit(a: &mut FencedRun, limit: Duration) {
+    wait_until("the daemon exits", limit, || {
+        let running = a.running();
+        async move { !running }
+    })
+    .await;
+}
+
 /// SIGSTOP/SIGCONT to the etcd this test started (by its PID, never by name).
 fn signal_etcd(etcd: &Etcd, sig: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(etcd.pid()).unwrap());
@@ -91,13 +116,8 @@ fn signal_etcd(etcd: &Etcd, sig: nix::sys::signal::Signal) {
 #[tokio::test]
 async fn systemd_sees_ready_after_the_join_and_watchdog_pings_stop_when_the_lease_is_not_renewed() {
     let _serial = SERIAL.lock().await;
-    let etcd = Etcd::start();
-    let ep = etcd.endpoint();
     let root = "/service-notify";
-    let dir = tempfile::tempdir().unwrap();
-    let store = EtcdStore::connect(std::slice::from_ref(&ep), root, Duration::from_secs(3))
-        .await
-        .unwrap();
+    let (etcd, ep, dir, store) = etcd_and_store(root).await;
     let notify = NotifySocket::bind(dir.path());
     // TTL 2 s, margin 6 s: WatchdogSec must lie in (4 s, 6 s].
     let sock = notify.path.to_str().unwrap().to_owned();
@@ -118,10 +138,7 @@ async fn systemd_sees_ready_after_the_join_and_watchdog_pings_stop_when_the_leas
     );
     // The moment READY arrives, etcd already holds what it promises: the membership
     // and the claimed arena (the join and the claim come before it, not after).
-    wait_until("READY", Duration::from_secs(20), || async {
-        notify.has("READY=1")
-    })
-    .await;
+    wait_ready(&notify, Duration::from_secs(20)).await;
     let at_ready = store.status().await.unwrap();
     assert_eq!(at_ready.members, [("a".to_owned(), "i-a".to_owned())]);
     assert_eq!(at_ready.arenas, [("arena-1".to_owned(), "a".to_owned())]);
@@ -145,11 +162,7 @@ async fn systemd_sees_ready_after_the_join_and_watchdog_pings_stop_when_the_leas
     .await;
     signal_etcd(&etcd, nix::sys::signal::Signal::SIGCONT);
     let self_fenced_at = Instant::now();
-    wait_until("the daemon exits", Duration::from_secs(10), || {
-        let running = a.running();
-        async move { !running }
-    })
-    .await;
+    wait_exit(&mut a, Duration::from_secs(10)).await;
 
     let msgs = notify.messages();
     let text: Vec<&str> = msgs.iter().map(|(_, m)| m.as_str()).collect();
@@ -256,6 +269,11 @@ async fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     Some((code, body.to_owned()))
 }
 
+/// The text of `GET /metrics` on `addr`.
+async fn metrics(addr: &str) -> String {
+    get(addr, "/metrics").await.unwrap().1
+}
+
 /// The sum of the samples of `metric` whose labels contain every one of `labels`.
 fn sample(text: &str, metric: &str, labels: &[&str]) -> f64 {
     text.lines()
@@ -272,13 +290,8 @@ fn sample(text: &str, metric: &str, labels: &[&str]) -> f64 {
 #[tokio::test]
 async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
     let _serial = SERIAL.lock().await;
-    let etcd = Etcd::start();
-    let ep = etcd.endpoint();
     let root = "/service-metrics";
-    let dir = tempfile::tempdir().unwrap();
-    let store = EtcdStore::connect(std::slice::from_ref(&ep), root, Duration::from_secs(3))
-        .await
-        .unwrap();
+    let (_etcd, ep, dir, store) = etcd_and_store(root).await;
     let addr = format!("127.0.0.1:{}", test_support::etcd::free_port());
     // a also gets an endpoint where nothing listens: probed, out of rotation.
     let dead = format!("http://127.0.0.1:{}", test_support::etcd::free_port());
@@ -299,7 +312,7 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
     })
     .await;
     assert_eq!(get(&addr, "/healthz").await, Some((200, "ok\n".to_owned())));
-    let before = get(&addr, "/metrics").await.unwrap().1;
+    let before = metrics(&addr).await;
     assert_eq!(sample(&before, "fenced_fences_total", &[]), 0.0, "{before}");
     assert_eq!(sample(&before, "fenced_ready", &[]), 1.0, "{before}");
     assert_eq!(
@@ -362,11 +375,11 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
     .await;
     // The counters are updated as the fence returns: a moment after the bump.
     wait_until("the fence counted", Duration::from_secs(5), || async {
-        let m = get(&addr, "/metrics").await.unwrap().1;
+        let m = metrics(&addr).await;
         sample(&m, "fenced_fences_total", &["result=\"fenced\""]) == 1.0
     })
     .await;
-    let after = get(&addr, "/metrics").await.unwrap().1;
+    let after = metrics(&addr).await;
     for step in ["claim", "sever", "finish"] {
         assert!(
             sample(
@@ -388,7 +401,7 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
         "a sweep after the fence",
         Duration::from_secs(5),
         || async {
-            let m = get(&addr, "/metrics").await.unwrap().1;
+            let m = metrics(&addr).await;
             sample(&m, "fenced_members_seen", &[]) == 1.0
                 && sample(&m, "fenced_fences_owed", &[]) == 0.0
         },
@@ -417,13 +430,8 @@ async fn metrics_move_with_a_real_fence_and_health_is_green_while_running() {
 #[tokio::test]
 async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
     let _serial = SERIAL.lock().await;
-    let etcd = Etcd::start();
-    let ep = etcd.endpoint();
     let root = "/service-leave";
-    let dir = tempfile::tempdir().unwrap();
-    let store = EtcdStore::connect(std::slice::from_ref(&ep), root, Duration::from_secs(3))
-        .await
-        .unwrap();
+    let (_etcd, ep, dir, store) = etcd_and_store(root).await;
     let notify = NotifySocket::bind(dir.path());
     let sock = notify.path.to_str().unwrap().to_owned();
     let pid_file = dir.path().join("fenced.pid");
@@ -437,10 +445,7 @@ async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
         &[("NOTIFY_SOCKET", &sock)],
     );
     wait_members(&store, &["a"]).await;
-    wait_until("READY", Duration::from_secs(10), || async {
-        notify.has("READY=1")
-    })
-    .await;
+    wait_ready(&notify, Duration::from_secs(10)).await;
     // What the unit's ExecStop= runs.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fenced"))
         .args(["leave", "--pid-file", &pid_arg])
@@ -448,11 +453,7 @@ async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
         .unwrap();
     assert!(out.status.success(), "{out:?}\n{}", a.log());
     // `leave` returns with the daemon's answer; the process exits right after.
-    wait_until("the daemon exits", Duration::from_secs(5), || {
-        let running = a.running();
-        async move { !running }
-    })
-    .await;
+    wait_exit(&mut a, Duration::from_secs(5)).await;
     let text: Vec<String> = notify.messages().into_iter().map(|(_, m)| m).collect();
     let ready = text.iter().position(|m| m.starts_with("READY=1")).unwrap();
     let stopping = text
@@ -463,36 +464,47 @@ async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
     assert!(a.log().contains("departed: marker written"), "{}", a.log());
 }
 
+/// Daemon a under `root` on `etcd`, with `/metrics` on a free port and the fail points
+/// `failpoints`, once its `/healthz` is red (503); the daemon and the address.
 #[cfg(feature = "failpoints")]
-#[tokio::test]
-async fn healthz_turns_red_when_the_sweep_task_stops_and_the_task_is_restarted() {
-    let _serial = SERIAL.lock().await;
-    let etcd = Etcd::start();
-    let ep = etcd.endpoint();
-    let root = "/service-health";
-    let dir = tempfile::tempdir().unwrap();
+async fn healthz_red(
+    etcd: &Etcd,
+    root: &str,
+    dir: &std::path::Path,
+    failpoints: &str,
+) -> (FencedRun, String) {
     let addr = format!("127.0.0.1:{}", test_support::etcd::free_port());
     let a = FencedRun::start(
-        &ep,
+        &etcd.endpoint(),
         root,
         "a",
-        dir.path(),
+        dir,
         &["--metrics-listen", &addr],
-        &[("FAILPOINTS", "task::sweep=return")],
+        &[("FAILPOINTS", failpoints)],
     );
     wait_until("/healthz red", Duration::from_secs(15), || async {
         get(&addr, "/healthz").await.is_some_and(|(c, _)| c == 503)
     })
     .await;
+    (a, addr)
+}
+
+#[cfg(feature = "failpoints")]
+#[tokio::test]
+async fn healthz_turns_red_when_the_sweep_task_stops_and_the_task_is_restarted() {
+    let _serial = SERIAL.lock().await;
+    let etcd = Etcd::start();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, addr) = healthz_red(&etcd, "/service-health", dir.path(), "task::sweep=return").await;
     let (_, body) = get(&addr, "/healthz").await.unwrap();
     assert_eq!(body, "sweep stopped (returned)\n");
     // Noticed and started again with backoff (1 s, 2 s, ...); each start stops again.
     wait_until("the sweep restarted", Duration::from_secs(10), || async {
-        let m = get(&addr, "/metrics").await.unwrap().1;
+        let m = metrics(&addr).await;
         sample(&m, "fenced_task_restarts_total", &["task=\"sweep\""]) >= 2.0
     })
     .await;
-    let m = get(&addr, "/metrics").await.unwrap().1;
+    let m = metrics(&addr).await;
     assert!(
         m.lines().any(|l| l == "fenced_task_up{task=\"sweep\"} 0"),
         "{m}"
@@ -517,27 +529,20 @@ async fn healthz_turns_red_when_the_sweep_task_stops_and_the_task_is_restarted()
 async fn a_sweep_task_that_stopped_once_runs_again_and_healthz_turns_green() {
     let _serial = SERIAL.lock().await;
     let etcd = Etcd::start();
-    let ep = etcd.endpoint();
     let dir = tempfile::tempdir().unwrap();
-    let addr = format!("127.0.0.1:{}", test_support::etcd::free_port());
-    let _a = FencedRun::start(
-        &ep,
+    let (_a, addr) = healthz_red(
+        &etcd,
         "/service-health-once",
-        "a",
         dir.path(),
-        &["--metrics-listen", &addr],
-        &[("FAILPOINTS", "task::sweep=1*return")],
-    );
-    wait_until("/healthz red", Duration::from_secs(15), || async {
-        get(&addr, "/healthz").await.is_some_and(|(c, _)| c == 503)
-    })
+        "task::sweep=1*return",
+    )
     .await;
     wait_until("/healthz green again", Duration::from_secs(10), || async {
         get(&addr, "/healthz").await.is_some_and(|(c, _)| c == 200)
     })
     .await;
     wait_until("a sweep ran", Duration::from_secs(5), || async {
-        let m = get(&addr, "/metrics").await.unwrap().1;
+        let m = metrics(&addr).await;
         sample(&m, "fenced_sweeps_total", &["result=\"ok\""]) >= 1.0
             && sample(&m, "fenced_task_restarts_total", &["task=\"sweep\""]) == 1.0
     })

@@ -1366,6 +1366,14 @@ impl ProtocolModel {
     }
 }
 
+/// The `sometimes` property `$name`: a step recorded `seen::$flag`. (A macro: a
+/// property's condition is a `fn` pointer, which cannot capture the flag.)
+macro_rules! sometimes_seen {
+    ($name:expr, $flag:ident) => {
+        Property::sometimes($name, |_, s: &State| s.seen & seen::$flag != 0)
+    };
+}
+
 impl Model for ProtocolModel {
     type State = State;
     type Action = Action;
@@ -1504,30 +1512,14 @@ impl Model for ProtocolModel {
             Property::sometimes(S_FENCED, |_, s: &State| {
                 (0..N).any(|n| s.etcd.generation[n] >= 1 && s.etcd.done[n].is_some())
             }),
-            Property::sometimes(S_HONOURED, |_, s: &State| {
-                s.seen & seen::DEPARTURE_HONOURED != 0
-            }),
-            Property::sometimes(S_CRASH_RECOVERED, |_, s: &State| {
-                s.seen & seen::CRASH_RECOVERED_BY_SWEEP != 0
-            }),
-            Property::sometimes(S_JOIN_DROPS_INTENT, |_, s: &State| {
-                s.seen & seen::JOIN_DROPPED_INTENT != 0
-            }),
-            Property::sometimes(S_DEPART_REFUSED, |_, s: &State| {
-                s.seen & seen::DEPART_REFUSED != 0
-            }),
-            Property::sometimes(S_ABORTED_THEN_FENCED, |_, s: &State| {
-                s.seen & seen::ABORTED_THEN_FENCED != 0
-            }),
-            Property::sometimes(S_CLAIM_LOST, |_, s: &State| {
-                s.seen & seen::CLAIM_LOST_AT_BUMP != 0
-            }),
-            Property::sometimes(S_STALE_SNAPSHOT, |_, s: &State| {
-                s.seen & seen::STALE_SNAPSHOT_REFUSED != 0
-            }),
-            Property::sometimes(S_LOST_EVENT, |_, s: &State| {
-                s.seen & seen::LOST_EVENT_FENCED_BY_SWEEP != 0
-            }),
+            sometimes_seen!(S_HONOURED, DEPARTURE_HONOURED),
+            sometimes_seen!(S_CRASH_RECOVERED, CRASH_RECOVERED_BY_SWEEP),
+            sometimes_seen!(S_JOIN_DROPS_INTENT, JOIN_DROPPED_INTENT),
+            sometimes_seen!(S_DEPART_REFUSED, DEPART_REFUSED),
+            sometimes_seen!(S_ABORTED_THEN_FENCED, ABORTED_THEN_FENCED),
+            sometimes_seen!(S_CLAIM_LOST, CLAIM_LOST_AT_BUMP),
+            sometimes_seen!(S_STALE_SNAPSHOT, STALE_SNAPSHOT_REFUSED),
+            sometimes_seen!(S_LOST_EVENT, LOST_EVENT_FENCED_BY_SWEEP),
             Property::sometimes(S_ARENA_REASSIGNED, |_, s: &State| {
                 s.etcd.owner[0] == Some(0) && s.etcd.generation[1] >= 1
             }),
@@ -1540,22 +1532,14 @@ impl Model for ProtocolModel {
             }));
         }
         if self.cfg.host {
-            props.push(Property::sometimes(S_RESTART_REFUSED, |_, s: &State| {
-                s.seen & seen::RESTART_REFUSED != 0
-            }));
-            props.push(Property::sometimes(S_REGISTER_REFUSED, |_, s: &State| {
-                s.seen & seen::REGISTER_REFUSED != 0
-            }));
-            props.push(Property::sometimes(
+            props.push(sometimes_seen!(S_RESTART_REFUSED, RESTART_REFUSED));
+            props.push(sometimes_seen!(S_REGISTER_REFUSED, REGISTER_REFUSED));
+            props.push(sometimes_seen!(
                 S_LEFT_THEN_REGISTERED,
-                |_, s: &State| s.seen & seen::LEFT_THEN_REGISTERED != 0,
+                LEFT_THEN_REGISTERED
             ));
-            props.push(Property::sometimes(S_UNFENCE_REJOIN, |_, s: &State| {
-                s.seen & seen::UNFENCED_THEN_JOINED != 0
-            }));
-            props.push(Property::sometimes(S_REBOOT_REJOIN, |_, s: &State| {
-                s.seen & seen::REBOOTED_THEN_JOINED != 0
-            }));
+            props.push(sometimes_seen!(S_UNFENCE_REJOIN, UNFENCED_THEN_JOINED));
+            props.push(sometimes_seen!(S_REBOOT_REJOIN, REBOOTED_THEN_JOINED));
         }
         if self.cfg.start_expired {
             props.push(Property::eventually(L3_FENCED, |_, s: &State| {
