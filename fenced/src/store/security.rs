@@ -439,8 +439,15 @@ pub(super) fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
 mod tests {
     use super::*;
 
-    fn eps(e: &[&str]) -> Vec<String> {
-        e.iter().map(|s| (*s).to_owned()).collect()
+    /// `s` applied to `endpoints`, on fresh connect options.
+    fn apply(s: &EtcdSecurity, endpoints: &[&str]) -> Result<ConnectOptions, SecurityError> {
+        let endpoints: Vec<String> = endpoints.iter().map(|e| (*e).to_owned()).collect();
+        s.apply(&endpoints, ConnectOptions::new())
+    }
+
+    /// Why `s` is refused for `endpoints`.
+    fn refusal(s: &EtcdSecurity, endpoints: &[&str]) -> String {
+        apply(s, endpoints).unwrap_err().to_string()
     }
 
     #[test]
@@ -451,10 +458,7 @@ mod tests {
             ca: Some(missing.clone()),
             ..EtcdSecurity::default()
         };
-        let e = s
-            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&s, &["https://127.0.0.1:2379"]);
         assert!(e.contains(&missing.display().to_string()), "{e}");
         assert!(e.contains("CA bundle"), "{e}");
         let junk = dir.path().join("junk.pem");
@@ -463,10 +467,7 @@ mod tests {
             ca: Some(junk.clone()),
             ..EtcdSecurity::default()
         };
-        let e = s
-            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&s, &["https://127.0.0.1:2379"]);
         assert!(
             e.contains(&junk.display().to_string()) && e.contains("no PEM"),
             "{e}"
@@ -479,36 +480,26 @@ mod tests {
             ca: Some("/x/ca.pem".into()),
             ..EtcdSecurity::default()
         };
-        let e = tls
-            .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err();
-        assert!(e.to_string().contains("not https://"), "{e}");
-        let e = EtcdSecurity::default()
-            .apply(
-                &eps(&["https://a:2379", "http://b:2379"]),
-                ConnectOptions::new(),
-            )
-            .unwrap_err();
-        assert!(e.to_string().contains("mix https://"), "{e}");
-        let e = EtcdSecurity {
+        let e = refusal(&tls, &["http://127.0.0.1:2379"]);
+        assert!(e.contains("not https://"), "{e}");
+        let e = refusal(
+            &EtcdSecurity::default(),
+            &["https://a:2379", "http://b:2379"],
+        );
+        assert!(e.contains("mix https://"), "{e}");
+        let user = EtcdSecurity {
             user: Some("n1".into()),
             ..EtcdSecurity::default()
-        }
-        .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
-        .unwrap_err();
-        assert!(e.to_string().contains("has no password"), "{e}");
-        let e = EtcdSecurity {
+        };
+        let e = refusal(&user, &["http://127.0.0.1:2379"]);
+        assert!(e.contains("has no password"), "{e}");
+        let cert = EtcdSecurity {
             cert: Some("/x/c.pem".into()),
             ..EtcdSecurity::default()
-        }
-        .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-        .unwrap_err();
-        assert!(e.to_string().contains("without its key"), "{e}");
-        assert!(
-            EtcdSecurity::default()
-                .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
-                .is_ok()
-        );
+        };
+        let e = refusal(&cert, &["https://127.0.0.1:2379"]);
+        assert!(e.contains("without its key"), "{e}");
+        assert!(apply(&EtcdSecurity::default(), &["http://127.0.0.1:2379"]).is_ok());
     }
 
     #[test]
@@ -522,10 +513,7 @@ mod tests {
             ..EtcdSecurity::default()
         };
         assert_eq!(s.identity().as_deref(), Some("alice"));
-        assert!(
-            s.apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-                .is_ok()
-        );
+        assert!(apply(&s, &["https://127.0.0.1:2379"]).is_ok());
         s.user = Some("bob".into());
         assert_eq!(s.identity().as_deref(), Some("bob"));
         assert_eq!(EtcdSecurity::default().identity(), None);
@@ -536,10 +524,7 @@ mod tests {
             key: Some(old.key),
             ..EtcdSecurity::default()
         };
-        let e = s
-            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&s, &["https://127.0.0.1:2379"]);
         assert!(
             e.contains(&old.cert.display().to_string()) && e.contains("expired 2001-01-01"),
             "{e}"
