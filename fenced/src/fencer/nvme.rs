@@ -273,7 +273,7 @@ mod tests {
     use super::*;
     #[cfg(feature = "failpoints")]
     use crate::fault::{FaultEffect, fault_hits, fault_scope};
-    use crate::node::NodeId;
+    use crate::fencer::tests::victim;
 
     /// A fake device for the fencer's logic (the spec-accurate model lives in
     /// `nvme_resv::model`): registrants by key; `sticky` keys survive preemption (a
@@ -355,13 +355,6 @@ mod tests {
     /// The fencer of node `a` (its key from [`key_of`]) on `device`.
     fn as_a(device: Device, mode: PreemptMode) -> NvmeFencer {
         NvmeFencer::new(device, key_of("a"), mode).with_key_fn(key_of)
-    }
-
-    fn victim(node: &str) -> Victim {
-        Victim {
-            node: NodeId::new(node).unwrap(),
-            instance: String::new(),
-        }
     }
 
     #[tokio::test]
