@@ -38,6 +38,32 @@
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
+/// For a test body `$test(engine)` (or `$test($via(engine))`), a module `$test` with one
+/// `#[test]` per engine, `io_uring` and `sync`: both engines must pass it, and each
+/// reports on its own (`cargo test $test` runs both).
+#[cfg(test)]
+macro_rules! on_each_engine {
+    ($test:ident) => {
+        on_each_engine!(@mod $test, ::std::convert::identity);
+    };
+    ($test:ident via $via:ident) => {
+        on_each_engine!(@mod $test, super::$via);
+    };
+    (@mod $test:ident, $via:path) => {
+        mod $test {
+            #[test]
+            fn io_uring() {
+                super::$test($via(crate::EngineKind::IoUring));
+            }
+
+            #[test]
+            fn sync() {
+                super::$test($via(crate::EngineKind::Sync));
+            }
+        }
+    };
+}
+
 mod error;
 mod fence;
 mod geometry;

@@ -311,13 +311,5 @@ mod tests {
         assert!(w.is_fenced());
     }
 
-    #[test]
-    fn writer_with_reservation_probe_io_uring() {
-        writer_with_reservation_probe(EngineKind::IoUring);
-    }
-
-    #[test]
-    fn writer_with_reservation_probe_sync() {
-        writer_with_reservation_probe(EngineKind::Sync);
-    }
+    on_each_engine!(writer_with_reservation_probe);
 }

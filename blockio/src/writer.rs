@@ -600,6 +600,22 @@ mod tests {
         w
     }
 
+    /// `e` is the write of `want_len` bytes at offset 0 failing with a plain `EIO`.
+    fn assert_write_eio_at_0(e: &Error, want_len: usize) {
+        match e {
+            Error::Io {
+                op: Op::Write,
+                offset: 0,
+                len,
+                source,
+            } => {
+                assert_eq!(*len, want_len);
+                assert_eq!(source.raw_os_error(), Some(libc::EIO));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
     fn w_geometry_tmpfs(path: &Path) -> bool {
         open(path, EngineKind::Sync).geometry.tmpfs
     }
@@ -821,15 +837,7 @@ mod tests {
         assert_eq!(rb, buf);
     }
 
-    #[test]
-    fn conflict_fences_and_fails_fast_io_uring() {
-        conflict_fences_and_fails_fast(base(EngineKind::IoUring));
-    }
-
-    #[test]
-    fn conflict_fences_and_fails_fast_sync() {
-        conflict_fences_and_fails_fast(base(EngineKind::Sync));
-    }
+    on_each_engine!(conflict_fences_and_fails_fast via base);
 
     fn conflict_among_queued_requests(opts: Options) {
         let engine = opts.engine;
@@ -893,15 +901,7 @@ mod tests {
         assert!(r.error.is_reservation_conflict());
     }
 
-    #[test]
-    fn conflict_among_queued_requests_io_uring() {
-        conflict_among_queued_requests(base(EngineKind::IoUring));
-    }
-
-    #[test]
-    fn conflict_among_queued_requests_sync() {
-        conflict_among_queued_requests(base(EngineKind::Sync));
-    }
+    on_each_engine!(conflict_among_queued_requests via base);
 
     fn short_and_interrupted_requests_complete(opts: Options) {
         let (_d, path) = temp_file();
@@ -936,31 +936,12 @@ mod tests {
         // Other errnos are I/O errors with context, and do not fence.
         w.inject_completion(-libc::EIO);
         let e = w.write_at(&buf, 0).expect_err("EIO");
-        match e {
-            Error::Io {
-                op: Op::Write,
-                offset: 0,
-                len,
-                source,
-            } => {
-                assert_eq!(len, 4 * a);
-                assert_eq!(source.raw_os_error(), Some(libc::EIO));
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_write_eio_at_0(&e, 4 * a);
         assert!(!w.is_fenced());
         w.write_at(&buf, 0).expect("still writable after EIO");
     }
 
-    #[test]
-    fn short_and_interrupted_requests_complete_io_uring() {
-        short_and_interrupted_requests_complete(base(EngineKind::IoUring));
-    }
-
-    #[test]
-    fn short_and_interrupted_requests_complete_sync() {
-        short_and_interrupted_requests_complete(base(EngineKind::Sync));
-    }
+    on_each_engine!(short_and_interrupted_requests_complete via base);
 
     /// A probe whose answer the test sets, counting its calls (an in-memory fake for
     /// the classification logic; the real probe is proven in hwtests).
@@ -1057,15 +1038,7 @@ mod tests {
         assert!(on_disk(&path, off, 2 * a).iter().all(|&b| b == 0));
     }
 
-    #[test]
-    fn eio_with_probe_saying_fenced_io_uring() {
-        eio_with_probe_saying_fenced(EngineKind::IoUring);
-    }
-
-    #[test]
-    fn eio_with_probe_saying_fenced_sync() {
-        eio_with_probe_saying_fenced(EngineKind::Sync);
-    }
+    on_each_engine!(eio_with_probe_saying_fenced);
 
     fn eio_with_probe_saying_not_fenced(engine: EngineKind) {
         let (_d, path) = temp_file();
@@ -1077,18 +1050,7 @@ mod tests {
         let t = Instant::now();
         let e = w.write_at(&buf, 0).expect_err("injected EIO");
         let waited = t.elapsed();
-        match &e {
-            Error::Io {
-                op: Op::Write,
-                offset: 0,
-                len,
-                source,
-            } => {
-                assert_eq!(*len, a);
-                assert_eq!(source.raw_os_error(), Some(libc::EIO));
-            }
-            other => panic!("{other:?}"),
-        }
+        assert_write_eio_at_0(&e, a);
         assert!(!e.is_reservation_conflict() && !e.is_retryable());
         // "Not fenced" is only believed once it held for the settle time.
         assert!(waited >= SETTLE, "reported after {waited:?}");
@@ -1143,15 +1105,7 @@ mod tests {
         );
     }
 
-    #[test]
-    fn eio_with_probe_saying_not_fenced_io_uring() {
-        eio_with_probe_saying_not_fenced(EngineKind::IoUring);
-    }
-
-    #[test]
-    fn eio_with_probe_saying_not_fenced_sync() {
-        eio_with_probe_saying_not_fenced(EngineKind::Sync);
-    }
+    on_each_engine!(eio_with_probe_saying_not_fenced);
 
     fn eio_when_the_probe_fails(engine: EngineKind) {
         let (_d, path) = temp_file();
@@ -1183,15 +1137,7 @@ mod tests {
             .expect("the device accepts the next write");
     }
 
-    #[test]
-    fn eio_when_the_probe_fails_io_uring() {
-        eio_when_the_probe_fails(EngineKind::IoUring);
-    }
-
-    #[test]
-    fn eio_when_the_probe_fails_sync() {
-        eio_when_the_probe_fails(EngineKind::Sync);
-    }
+    on_each_engine!(eio_when_the_probe_fails);
 
     fn eio_without_a_probe(engine: EngineKind) {
         let (_d, path) = temp_file();
@@ -1224,15 +1170,7 @@ mod tests {
         assert!(!e.may_be_fenced(), "{e:?}");
     }
 
-    #[test]
-    fn eio_without_a_probe_io_uring() {
-        eio_without_a_probe(EngineKind::IoUring);
-    }
-
-    #[test]
-    fn eio_without_a_probe_sync() {
-        eio_without_a_probe(EngineKind::Sync);
-    }
+    on_each_engine!(eio_without_a_probe);
 
     /// The shape of a preempt-and-abort on io_uring: queued writes, one fails with EIO
     /// before any EBADE, later ones with EBADE and EIO. With a probe every failure is

@@ -56,6 +56,23 @@ pub struct Param {
     pub shortdesc: &'static str,
 }
 
+impl Param {
+    /// What an entry of [`PARAMS`] does not say: optional, no default, no short flag
+    /// or placeholder, neither deprecated nor replacing an older name.
+    const OPTIONAL: Param = Param {
+        name: "",
+        short: None,
+        long: "",
+        kind: Kind::String,
+        required: false,
+        default: None,
+        deprecated_for: None,
+        obsoletes: None,
+        placeholder: "",
+        shortdesc: "",
+    };
+}
+
 /// Where `on` records this node's registration; `off` reads our own key from it and
 /// `fence_nvme_check` reads the key and the devices.
 pub const DEFAULT_STATE_FILE: &str = "/run/fence_nvme/state";
@@ -100,10 +117,9 @@ pub const PARAMS: &[Param] = &[
         kind: Kind::String,
         required: true,
         default: Some("off"),
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[action]",
         shortdesc: "The action to perform",
+        ..Param::OPTIONAL
     },
     Param {
         name: "devices",
@@ -111,162 +127,121 @@ pub const PARAMS: &[Param] = &[
         long: "devices",
         kind: Kind::String,
         required: true,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[devices]",
         shortdesc: "Comma-separated list of NVMe namespaces shared by the cluster: /dev/nvmeXnY, \
 /dev/ngXnY or, best since it names the same namespace on every node, \
 /dev/disk/by-id/nvme-eui.* or nvme-uuid.*. Each must support reservations.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "key",
         short: Some('k'),
         long: "key",
         kind: Kind::String,
-        required: false,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[key]",
         shortdesc: "Reservation key (hexadecimal, up to 16 digits, not 0) of the node: for \"on\" \
 the key this node registers, for \"off\" the key to remove. Default: derived from plug.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "plug",
         short: Some('n'),
         long: "plug",
         kind: Kind::String,
-        required: false,
-        default: None,
-        deprecated_for: None,
         obsoletes: Some("port"),
         placeholder: "[nodename]",
         shortdesc: PLUG_DESC,
+        ..Param::OPTIONAL
     },
     Param {
         name: "port",
         short: Some('n'),
         long: "plug",
         kind: Kind::String,
-        required: false,
-        default: None,
         deprecated_for: Some("plug"),
-        obsoletes: None,
         placeholder: "[nodename]",
         shortdesc: PLUG_DESC,
+        ..Param::OPTIONAL
     },
     Param {
         name: "nodename",
-        short: None,
         long: "nodename",
         kind: Kind::String,
-        required: false,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[nodename]",
         shortdesc: "Name of the target node as Pacemaker passes it; used when plug is not given.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "reservation_type",
-        short: None,
         long: "reservation-type",
         kind: Kind::Select(&RESERVATION_TYPE_NAMES),
-        required: false,
         default: Some("write-exclusive-all-registrants"),
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[type]",
         shortdesc: "Reservation type created by \"on\" and required on every device. Write \
 Exclusive - All Registrants (the default, as the fenced daemon holds) lets any registrant fence \
 any other; under a Registrants Only type the holder's preempt may leave the victim registered.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "state_file",
-        short: None,
         long: "state-file",
         kind: Kind::String,
-        required: false,
         default: Some(DEFAULT_STATE_FILE),
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[path]",
         shortdesc: "Where \"on\" records this node's key and devices: \"off\" fences others with \
 that key, fence_nvme_check watches it. Leave the default unless several simulated hosts share \
 one machine.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "quiet",
         short: Some('q'),
         long: "quiet",
         kind: Kind::Boolean,
-        required: false,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
-        placeholder: "",
         shortdesc: "Print no per-device lines, only the result and errors.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "verbose",
         short: Some('v'),
         long: "verbose",
         kind: Kind::Boolean,
-        required: false,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
-        placeholder: "",
         shortdesc: "Also print each device's reservation report.",
+        ..Param::OPTIONAL
     },
     Param {
         name: "version",
         short: Some('V'),
         long: "version",
         kind: Kind::Boolean,
-        required: false,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
-        placeholder: "",
         shortdesc: "Print the version and exit",
+        ..Param::OPTIONAL
     },
     Param {
         name: "help",
         short: Some('h'),
         long: "help",
         kind: Kind::Boolean,
-        required: false,
-        default: None,
-        deprecated_for: None,
-        obsoletes: None,
-        placeholder: "",
         shortdesc: "Print the options and exit",
+        ..Param::OPTIONAL
     },
     Param {
         name: "delay",
-        short: None,
         long: "delay",
         kind: Kind::Second,
-        required: false,
         default: Some("0"),
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[seconds]",
         shortdesc: "Seconds to wait before an off starts (staggers nodes that fence each other)",
+        ..Param::OPTIONAL
     },
     Param {
         name: "power_timeout",
-        short: None,
         long: "power-timeout",
         kind: Kind::Second,
-        required: false,
         default: Some("20"),
-        deprecated_for: None,
-        obsoletes: None,
         placeholder: "[seconds]",
         shortdesc: "Seconds every device has to answer an action; a device silent that long fails it",
+        ..Param::OPTIONAL
     },
 ];
 
@@ -616,6 +591,17 @@ mod tests {
 
     fn settings(stdin: &str) -> Result<Settings, Error> {
         Settings::from_input(&Input::from_stdin_text(stdin).unwrap())
+    }
+
+    /// [`Param::OPTIONAL`] leaves these empty: every entry must set them.
+    #[test]
+    fn every_param_has_a_name_a_flag_and_a_description() {
+        for p in PARAMS {
+            assert!(
+                !p.name.is_empty() && !p.long.is_empty() && !p.shortdesc.is_empty(),
+                "{p:?}"
+            );
+        }
     }
 
     #[test]

@@ -1082,6 +1082,29 @@ mod tests {
         )
     }
 
+    /// A store, a fencer that confirms every fence, and controller `c1` over both.
+    fn rig() -> (MemStore, Arc<Scripted>, Arc<Controller<MemStore>>) {
+        rig_with(Scripted::default())
+    }
+
+    /// A store, `fencer`, and controller `c1` over both.
+    fn rig_with(fencer: Scripted) -> (MemStore, Arc<Scripted>, Arc<Controller<MemStore>>) {
+        let store = MemStore::new();
+        let fencer = Arc::new(fencer);
+        let c = controller(&store, &fencer);
+        (store, fencer, c)
+    }
+
+    /// `c` fences `node` (instance `i-<node>`) for the watched DELETE at `deleted_rev`.
+    async fn watched_fence(c: &Controller<MemStore>, node: &str, deleted_rev: i64) -> FenceState {
+        c.fence(
+            victim(node),
+            Trigger::Watch,
+            ClaimGuard::Watch { deleted_rev },
+        )
+        .await
+    }
+
     /// `node` joined with arena `a-<node>` and its lease expired: the DELETE's revision.
     fn dead(store: &MemStore, node: &str) -> i64 {
         store.join(&n(node), &format!("i-{node}"));
@@ -1091,18 +1114,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_watched_death_is_fenced_once_and_its_arenas_freed() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, fencer, c) = rig();
         let deleted_rev = dead(&store, "n1");
-        let guard = ClaimGuard::Watch { deleted_rev };
-        let state = c.fence(victim("n1"), Trigger::Watch, guard).await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         assert_eq!(state, FenceState::Fenced { generation: 1 });
         assert_eq!(store.generation(&n("n1")), 1);
         assert!(!store.owed(&n("n1")) && !store.claimed(&n("n1")));
         assert!(store.state().free.contains("a-n1"));
         // The same DELETE delivered again (a second controller, a replay): not owed.
-        let again = c.fence(victim("n1"), Trigger::Watch, guard).await;
+        let again = watched_fence(&c, "n1", deleted_rev).await;
         assert_eq!(
             again,
             FenceState::Skipped {
@@ -1116,9 +1136,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_instance_id_outside_the_rule_never_reaches_the_fencer() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, fencer, c) = rig();
         let deleted_rev = dead(&store, "n1");
         let crafted = Victim {
             node: n("n1"),
@@ -1133,19 +1151,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_departure_refused_for_owned_arenas_is_claimed_again_and_fenced() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, fencer, c) = rig();
         store.join(&n("n1"), "i-n1");
         store.give_arena(&n("n1"), "a1");
         let deleted_rev = store.mark_departed(&n("n1"));
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         assert_eq!(state, FenceState::Fenced { generation: 1 });
         assert_eq!(fencer.calls(), 1);
         let audit = store.state().audit.last().cloned().unwrap();
@@ -1159,18 +1169,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_clean_departure_owning_nothing_is_not_fenced() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, fencer, c) = rig();
         store.join(&n("n1"), "i-n1");
         let deleted_rev = store.mark_departed(&n("n1"));
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         let FenceState::Skipped { why } = state else {
             panic!("{state:?}")
         };
@@ -1184,18 +1186,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_held_elsewhere_is_left_to_its_holder() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, fencer, c) = rig();
         let deleted_rev = dead(&store, "n1");
         store.hold_claim(&n("n1"), "c2");
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         assert_eq!(
             state,
             FenceState::Skipped {
@@ -1211,17 +1205,9 @@ mod tests {
 
     #[tokio::test]
     async fn an_unconfirmed_fence_stays_owed_and_the_sweep_finishes_it() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::failing(FenceStep::Verify));
-        let c = controller(&store, &fencer);
+        let (store, fencer, c) = rig_with(Scripted::failing(FenceStep::Verify));
         let deleted_rev = dead(&store, "n1");
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         let FenceState::Failed {
             step: FenceStep::Verify,
             error: FenceFailure::Fencer { message },
@@ -1253,13 +1239,7 @@ mod tests {
         });
         let c = controller(&store, &fencer);
         let deleted_rev = dead(&store, "n1");
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         assert_eq!(
             state,
             FenceState::Failed {
@@ -1274,18 +1254,10 @@ mod tests {
 
     #[tokio::test]
     async fn a_failed_finish_leaves_the_fence_owed_until_the_claim_expires() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, _, c) = rig();
         let deleted_rev = dead(&store, "n1");
         store.fail_next("finish", 1);
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         assert!(
             matches!(
                 &state,
@@ -1308,29 +1280,15 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreachable_store_at_claim_is_retried() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, _, c) = rig();
         let deleted_rev = dead(&store, "n1");
         store.fail_next("claim", 2);
-        let state = c
-            .fence(
-                victim("n1"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n1", deleted_rev).await;
         assert_eq!(state, FenceState::Fenced { generation: 1 });
         // Past the retries: a failure at the claim, nothing written.
         let deleted_rev = dead(&store, "n2");
         store.fail_next("claim", 5);
-        let state = c
-            .fence(
-                victim("n2"),
-                Trigger::Watch,
-                ClaimGuard::Watch { deleted_rev },
-            )
-            .await;
+        let state = watched_fence(&c, "n2", deleted_rev).await;
         assert!(
             matches!(
                 state,
@@ -1459,9 +1417,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_sweep_is_stamped_and_a_failed_stamp_fails_nothing() {
-        let store = MemStore::new();
-        let fencer = Arc::new(Scripted::default());
-        let c = controller(&store, &fencer);
+        let (store, _, c) = rig();
         dead(&store, "n1");
         assert_eq!(c.sweep_once().await.unwrap().fenced, 1);
         assert_eq!(store.state().sweep_stamps, ["c1"]);

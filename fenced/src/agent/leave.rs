@@ -181,6 +181,27 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// [`leave_steps`] of `node`, joined as `instance` at `rev`, with 5 s to go.
+    async fn leave(
+        store: &MemStore,
+        node: &str,
+        instance: &str,
+        rev: i64,
+        device: Option<(Device, Key)>,
+        boot: Option<BootRecord>,
+    ) -> Result<(), LeaveFailure> {
+        leave_steps(
+            store.clone(),
+            n(node),
+            instance.into(),
+            rev,
+            device,
+            boot,
+            soon(),
+        )
+        .await
+    }
+
     /// The leave's boot record (`by: leave`) is written with the departure, and not
     /// when the departure is refused (an expired node re-allows nothing).
     #[tokio::test]
@@ -192,32 +213,16 @@ mod tests {
         };
         let store = MemStore::new();
         let rev = store.join(&n("n1"), "i-1");
-        leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            None,
-            Some(rec.clone()),
-            soon(),
-        )
-        .await
-        .unwrap();
+        leave(&store, "n1", "i-1", rev, None, Some(rec.clone()))
+            .await
+            .unwrap();
         assert_eq!(store.state().boots.get(&n("n1")), Some(&rec));
 
         let rev = store.join(&n("n2"), "i-2");
         store.expire(&n("n2"));
-        let e = leave_steps(
-            store.clone(),
-            n("n2"),
-            "i-2".into(),
-            rev,
-            None,
-            Some(rec),
-            soon(),
-        )
-        .await
-        .unwrap_err();
+        let e = leave(&store, "n2", "i-2", rev, None, Some(rec))
+            .await
+            .unwrap_err();
         assert!(matches!(e, LeaveFailure::DepartureRefused { .. }), "{e:?}");
         assert!(!store.state().boots.contains_key(&n("n2")));
     }
@@ -228,17 +233,7 @@ mod tests {
         let rev = store.join(&n("n1"), "i-1");
         store.give_arena(&n("n1"), "a1");
         store.give_arena(&n("n1"), "a2");
-        leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            None,
-            None,
-            soon(),
-        )
-        .await
-        .unwrap();
+        leave(&store, "n1", "i-1", rev, None, None).await.unwrap();
         let s = store.state();
         assert!(s.free.contains("a1") && s.free.contains("a2"));
         assert!(!s.members.contains_key(&n("n1")));
@@ -299,17 +294,9 @@ mod tests {
             free_at_unregister: std::sync::Mutex::new(None),
         });
         let device: Device = spy.clone();
-        leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            Some((device, key)),
-            None,
-            soon(),
-        )
-        .await
-        .unwrap();
+        leave(&store, "n1", "i-1", rev, Some((device, key)), None)
+            .await
+            .unwrap();
         assert_eq!(
             *spy.free_at_unregister.lock().unwrap(),
             Some(false),
@@ -332,17 +319,9 @@ mod tests {
             nvme_resv::NvmeStatus::INTERNAL,
         );
         let device: Device = std::sync::Arc::new(host.clone());
-        let e = leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            Some((device, key)),
-            None,
-            soon(),
-        )
-        .await
-        .unwrap_err();
+        let e = leave(&store, "n1", "i-1", rev, Some((device, key)), None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(e, LeaveFailure::StillRegistered { key: 0x11, .. }),
             "{e:?}"
@@ -363,17 +342,9 @@ mod tests {
         // Our lease expired while leaving: a fence may be under way that read a1 as
         // ours; returning it now would let another node take it under live writes.
         store.expire(&n("n1"));
-        let e = leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            None,
-            None,
-            soon(),
-        )
-        .await
-        .unwrap_err();
+        let e = leave(&store, "n1", "i-1", rev, None, None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(&e, LeaveFailure::ArenaNotOurs { arena } if arena == "a1"),
             "{e:?}"
@@ -388,17 +359,9 @@ mod tests {
         let store = MemStore::new();
         let rev = store.join(&n("n1"), "i-1");
         store.expire(&n("n1"));
-        let e = leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            None,
-            None,
-            soon(),
-        )
-        .await
-        .unwrap_err();
+        let e = leave(&store, "n1", "i-1", rev, None, None)
+            .await
+            .unwrap_err();
         assert_eq!(
             e.to_string(),
             "membership no longer live: departure refused"
@@ -413,17 +376,9 @@ mod tests {
         store.expire(&n("n1"));
         // The first attempt's answer is lost (unreachable); the retry is refused.
         store.fail_next("depart", 1);
-        let e = leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            None,
-            None,
-            soon(),
-        )
-        .await
-        .unwrap_err();
+        let e = leave(&store, "n1", "i-1", rev, None, None)
+            .await
+            .unwrap_err();
         assert!(
             matches!(e, LeaveFailure::DepartureRefused { answer_lost: true }),
             "{e:?}"
@@ -436,17 +391,7 @@ mod tests {
         let store = MemStore::new();
         let rev = store.join(&n("n1"), "i-1");
         store.fail_next("depart", 2);
-        leave_steps(
-            store.clone(),
-            n("n1"),
-            "i-1".into(),
-            rev,
-            None,
-            None,
-            soon(),
-        )
-        .await
-        .unwrap();
+        leave(&store, "n1", "i-1", rev, None, None).await.unwrap();
         assert!(store.state().departed.contains_key(&n("n1")));
 
         let rev = store.join(&n("n2"), "i-2");

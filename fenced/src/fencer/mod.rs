@@ -264,7 +264,8 @@ mod tests {
     use super::*;
     use crate::node::NodeId;
 
-    fn victim(node: &str) -> Victim {
+    /// `node` with no instance id (the fencer tests of this module and `nvme`).
+    pub(super) fn victim(node: &str) -> Victim {
         Victim {
             node: NodeId::new(node).unwrap(),
             instance: String::new(),

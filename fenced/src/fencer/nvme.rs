@@ -273,7 +273,7 @@ mod tests {
     use super::*;
     #[cfg(feature = "failpoints")]
     use crate::fault::{FaultEffect, fault_hits, fault_scope};
-    use crate::node::NodeId;
+    use crate::fencer::tests::victim;
 
     /// A fake device for the fencer's logic (the spec-accurate model lives in
     /// `nvme_resv::model`): registrants by key; `sticky` keys survive preemption (a
@@ -342,22 +342,26 @@ mod tests {
         Key(node.bytes().map(u64::from).sum())
     }
 
-    fn victim(node: &str) -> Victim {
-        Victim {
-            node: NodeId::new(node).unwrap(),
-            instance: String::new(),
+    impl Fake {
+        /// Registers the keys of `nodes`.
+        fn add_keys(&self, nodes: &[&str]) {
+            self.keys
+                .lock()
+                .unwrap()
+                .extend(nodes.iter().map(|n| key_of(n).0));
         }
+    }
+
+    /// The fencer of node `a` (its key from [`key_of`]) on `device`.
+    fn as_a(device: Device, mode: PreemptMode) -> NvmeFencer {
+        NvmeFencer::new(device, key_of("a"), mode).with_key_fn(key_of)
     }
 
     #[tokio::test]
     async fn preempts_and_verifies() {
         let fake = Arc::new(Fake::default());
-        fake.keys
-            .lock()
-            .unwrap()
-            .extend([key_of("a").0, key_of("b").0]);
-        let f =
-            NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::default()).with_key_fn(key_of);
+        fake.add_keys(&["a", "b"]);
+        let f = as_a(fake.clone(), PreemptMode::default());
         let c = f.fence(&victim("b")).await.unwrap();
         assert!(c.severed);
         let acq = fake.acquires.lock().unwrap()[0];
@@ -374,11 +378,8 @@ mod tests {
             sticky: vec![key_of("b").0],
             ..Fake::default()
         });
-        fake.keys
-            .lock()
-            .unwrap()
-            .extend([key_of("a").0, key_of("b").0]);
-        let f = NvmeFencer::new(fake, key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        fake.add_keys(&["a", "b"]);
+        let f = as_a(fake, PreemptMode::Preempt);
         let e = f.fence(&victim("b")).await.unwrap_err();
         assert_eq!(e.step, FenceStep::Verify);
         assert!(
@@ -394,11 +395,8 @@ mod tests {
             refuse: true,
             ..Fake::default()
         });
-        fake.keys
-            .lock()
-            .unwrap()
-            .extend([key_of("a").0, key_of("b").0]);
-        let f = NvmeFencer::new(fake, key_of("a"), PreemptMode::default()).with_key_fn(key_of);
+        fake.add_keys(&["a", "b"]);
+        let f = as_a(fake, PreemptMode::default());
         let e = f.fence(&victim("b")).await.unwrap_err();
         assert_eq!(e.step, FenceStep::Sever);
         let FenceCause::Preempt { racqa, source, .. } = &e.cause else {
@@ -413,9 +411,8 @@ mod tests {
     #[tokio::test]
     async fn own_key_is_never_preempted() {
         let fake = Arc::new(Fake::default());
-        fake.keys.lock().unwrap().push(key_of("a").0);
-        let f =
-            NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        fake.add_keys(&["a"]);
+        let f = as_a(fake.clone(), PreemptMode::Preempt);
         let e = f.fence(&victim("a")).await.unwrap_err();
         assert_eq!(e.step, FenceStep::Sever);
         assert!(matches!(e.cause, FenceCause::VictimIsSelf { .. }), "{e:?}");
@@ -425,8 +422,8 @@ mod tests {
     #[tokio::test]
     async fn unregistered_controller_cannot_fence() {
         let fake = Arc::new(Fake::default());
-        fake.keys.lock().unwrap().push(key_of("b").0);
-        let f = NvmeFencer::new(fake, key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        fake.add_keys(&["b"]);
+        let f = as_a(fake, PreemptMode::Preempt);
         let e = f.fence(&victim("b")).await.unwrap_err();
         assert!(
             matches!(e.cause, FenceCause::ControllerNotRegistered { key } if key == key_of("a")),
@@ -454,7 +451,7 @@ mod tests {
     #[tokio::test]
     async fn preempt_and_abort_refused_with_invalid_field_falls_back_to_preempt() {
         let (ns, a, b) = model_without_abort();
-        let f = NvmeFencer::new(a, key_of("a"), PreemptMode::PreemptAndAbort).with_key_fn(key_of);
+        let f = as_a(a, PreemptMode::PreemptAndAbort);
         let c = f.fence(&victim("b")).await.unwrap();
         assert!(c.severed);
         assert!(!ns.snapshot().is_registered(key_of("b")));
@@ -477,7 +474,7 @@ mod tests {
     #[tokio::test]
     async fn invalid_field_to_a_plain_preempt_is_not_retried() {
         let (ns, a, _b) = model_without_abort();
-        let f = NvmeFencer::new(a, key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        let f = as_a(a, PreemptMode::Preempt);
         let e = f.fence(&victim("b")).await.unwrap_err();
         assert!(
             matches!(&e.cause, FenceCause::Preempt { racqa: AcquireAction::Preempt, source, .. } if source.status().is_some_and(|s| s.same_code(NvmeStatus::INVALID_FIELD))),
@@ -500,9 +497,8 @@ mod tests {
             identity: Some(identity(2)),
             ..Fake::default()
         });
-        fake.keys.lock().unwrap().push(key_of("a").0);
-        let f = NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::default())
-            .with_key_fn(key_of)
+        fake.add_keys(&["a"]);
+        let f = as_a(fake.clone(), PreemptMode::default())
             .with_namespace(crate::fencer::NamespaceCheck::fixed(identity(1)));
         // Without the check the victim's absent key would be "confirmed".
         let e = f.fence(&victim("b")).await.unwrap_err();
@@ -520,12 +516,8 @@ mod tests {
             identity: Some(identity(1)),
             ..Fake::default()
         });
-        fake.keys
-            .lock()
-            .unwrap()
-            .extend([key_of("a").0, key_of("b").0]);
-        let f = NvmeFencer::new(fake, key_of("a"), PreemptMode::default())
-            .with_key_fn(key_of)
+        fake.add_keys(&["a", "b"]);
+        let f = as_a(fake, PreemptMode::default())
             .with_namespace(crate::fencer::NamespaceCheck::fixed(identity(1)));
         assert!(f.fence(&victim("b")).await.unwrap().severed);
     }
@@ -533,9 +525,8 @@ mod tests {
     #[tokio::test]
     async fn a_device_that_cannot_be_identified_is_not_preempted() {
         let fake = Arc::new(Fake::default());
-        fake.keys.lock().unwrap().push(key_of("a").0);
-        let f = NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::default())
-            .with_key_fn(key_of)
+        fake.add_keys(&["a"]);
+        let f = as_a(fake.clone(), PreemptMode::default())
             .with_namespace(crate::fencer::NamespaceCheck::fixed(identity(1)));
         let e = f.fence(&victim("b")).await.unwrap_err();
         assert!(matches!(e.cause, FenceCause::Identify { .. }), "{e:?}");
@@ -548,12 +539,8 @@ mod tests {
         let scenario = fail::FailScenario::setup();
         fail::cfg("fence::verify", "return(unit-c9=crash)").unwrap();
         let fake = Arc::new(Fake::default());
-        fake.keys
-            .lock()
-            .unwrap()
-            .extend([key_of("a").0, key_of("b").0]);
-        let f =
-            NvmeFencer::new(fake.clone(), key_of("a"), PreemptMode::Preempt).with_key_fn(key_of);
+        fake.add_keys(&["a", "b"]);
+        let f = as_a(fake.clone(), PreemptMode::Preempt);
         let v = victim("b");
         let stopped = tokio::time::timeout(
             std::time::Duration::from_millis(300),

@@ -2,6 +2,7 @@
 //! the stable JSON version, and UTC timestamps in and out.
 
 use clap::ValueEnum;
+use fenced::clock::{civil_from_days, days_from_civil};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -14,32 +15,6 @@ pub enum Output {
 /// (fenced/README.md, "Stable JSON"): bumped only when a field is removed or changes
 /// meaning; fields may be added within a version.
 pub const JSON_VERSION: u32 = 1;
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (`month` 1..=12).
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    // Count from 0000-03-01 so the leap day is the last day of the year.
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let m = i64::from(month);
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The date of a day number (inverse of [`days_from_civil`]).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = u32::try_from(doy - (153 * mp + 2) / 5 + 1).unwrap_or(1);
-    let month = u32::try_from(if mp < 10 { mp + 3 } else { mp - 9 }).unwrap_or(1);
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
-}
 
 /// `YYYY-MM-DDTHH:MM:SS[.fff]Z` in Unix milliseconds (UTC only: `Z`).
 pub fn parse_rfc3339_utc(s: &str) -> Option<u64> {
@@ -65,7 +40,7 @@ pub fn parse_rfc3339_utc(s: &str) -> Option<u64> {
         }
         _ => return None,
     };
-    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
+    let days = u64::try_from(days_from_civil(year, i64::from(month), i64::from(day))).ok()?;
     Some(((days * 86_400 + h * 3600 + m * 60 + sec) * 1000) + ms)
 }
 

@@ -256,6 +256,8 @@ fn check_validity(
 
 /// Just enough DER to read a certificate's validity period.
 mod der {
+    use crate::clock::{civil_from_days, days_from_civil};
+
     /// One TLV at the start of `b`: (tag, contents, rest).
     fn tlv(b: &[u8]) -> Option<(u8, &[u8], &[u8])> {
         let (&tag, b) = b.split_first()?;
@@ -340,29 +342,10 @@ mod der {
         Some(days * 86_400 + n(4)? * 3600 + n(6)? * 60 + n(8)?)
     }
 
-    /// Days since 1970-01-01 of a proleptic Gregorian date.
-    fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-        let y = if m <= 2 { y - 1 } else { y };
-        let era = y.div_euclid(400);
-        let yoe = y - era * 400;
-        let mp = (m + 9) % 12;
-        let doy = (153 * mp + 2) / 5 + d - 1;
-        let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-        era * 146_097 + doe - 719_468
-    }
-
     /// `YYYY-MM-DD HH:MM:SS` of Unix seconds.
     pub(super) fn show(t: i64) -> String {
         let (days, secs) = (t.div_euclid(86_400), t.rem_euclid(86_400));
-        let z = days + 719_468;
-        let era = z.div_euclid(146_097);
-        let doe = z - era * 146_097;
-        let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-        let mp = (5 * doy + 2) / 153;
-        let d = doy - (153 * mp + 2) / 5 + 1;
-        let m = if mp < 10 { mp + 3 } else { mp - 9 };
-        let y = yoe + era * 400 + i64::from(m <= 2);
+        let (y, m, d) = civil_from_days(days);
         format!(
             "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
             secs / 3600,
@@ -375,13 +358,11 @@ mod der {
     mod tests {
         #[test]
         fn dates_round_trip() {
-            assert_eq!(days_from_civil(1970, 1, 1), 0);
             assert_eq!(super::time(0x17, b"010101000000Z"), Some(978_307_200));
             assert_eq!(super::time(0x18, b"20261201131415Z"), Some(1_796_130_855));
             assert_eq!(super::show(1_796_130_855), "2026-12-01 13:14:15");
             assert_eq!(super::show(978_307_200), "2001-01-01 00:00:00");
         }
-        use super::days_from_civil;
     }
 }
 
@@ -458,8 +439,15 @@ pub(super) fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
 mod tests {
     use super::*;
 
-    fn eps(e: &[&str]) -> Vec<String> {
-        e.iter().map(|s| (*s).to_owned()).collect()
+    /// `s` applied to `endpoints`, on fresh connect options.
+    fn apply(s: &EtcdSecurity, endpoints: &[&str]) -> Result<ConnectOptions, SecurityError> {
+        let endpoints: Vec<String> = endpoints.iter().map(|e| (*e).to_owned()).collect();
+        s.apply(&endpoints, ConnectOptions::new())
+    }
+
+    /// Why `s` is refused for `endpoints`.
+    fn refusal(s: &EtcdSecurity, endpoints: &[&str]) -> String {
+        apply(s, endpoints).unwrap_err().to_string()
     }
 
     #[test]
@@ -470,10 +458,7 @@ mod tests {
             ca: Some(missing.clone()),
             ..EtcdSecurity::default()
         };
-        let e = s
-            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&s, &["https://127.0.0.1:2379"]);
         assert!(e.contains(&missing.display().to_string()), "{e}");
         assert!(e.contains("CA bundle"), "{e}");
         let junk = dir.path().join("junk.pem");
@@ -482,10 +467,7 @@ mod tests {
             ca: Some(junk.clone()),
             ..EtcdSecurity::default()
         };
-        let e = s
-            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&s, &["https://127.0.0.1:2379"]);
         assert!(
             e.contains(&junk.display().to_string()) && e.contains("no PEM"),
             "{e}"
@@ -498,36 +480,26 @@ mod tests {
             ca: Some("/x/ca.pem".into()),
             ..EtcdSecurity::default()
         };
-        let e = tls
-            .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err();
-        assert!(e.to_string().contains("not https://"), "{e}");
-        let e = EtcdSecurity::default()
-            .apply(
-                &eps(&["https://a:2379", "http://b:2379"]),
-                ConnectOptions::new(),
-            )
-            .unwrap_err();
-        assert!(e.to_string().contains("mix https://"), "{e}");
-        let e = EtcdSecurity {
+        let e = refusal(&tls, &["http://127.0.0.1:2379"]);
+        assert!(e.contains("not https://"), "{e}");
+        let e = refusal(
+            &EtcdSecurity::default(),
+            &["https://a:2379", "http://b:2379"],
+        );
+        assert!(e.contains("mix https://"), "{e}");
+        let user = EtcdSecurity {
             user: Some("n1".into()),
             ..EtcdSecurity::default()
-        }
-        .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
-        .unwrap_err();
-        assert!(e.to_string().contains("has no password"), "{e}");
-        let e = EtcdSecurity {
+        };
+        let e = refusal(&user, &["http://127.0.0.1:2379"]);
+        assert!(e.contains("has no password"), "{e}");
+        let cert = EtcdSecurity {
             cert: Some("/x/c.pem".into()),
             ..EtcdSecurity::default()
-        }
-        .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-        .unwrap_err();
-        assert!(e.to_string().contains("without its key"), "{e}");
-        assert!(
-            EtcdSecurity::default()
-                .apply(&eps(&["http://127.0.0.1:2379"]), ConnectOptions::new())
-                .is_ok()
-        );
+        };
+        let e = refusal(&cert, &["https://127.0.0.1:2379"]);
+        assert!(e.contains("without its key"), "{e}");
+        assert!(apply(&EtcdSecurity::default(), &["http://127.0.0.1:2379"]).is_ok());
     }
 
     #[test]
@@ -541,10 +513,7 @@ mod tests {
             ..EtcdSecurity::default()
         };
         assert_eq!(s.identity().as_deref(), Some("alice"));
-        assert!(
-            s.apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-                .is_ok()
-        );
+        assert!(apply(&s, &["https://127.0.0.1:2379"]).is_ok());
         s.user = Some("bob".into());
         assert_eq!(s.identity().as_deref(), Some("bob"));
         assert_eq!(EtcdSecurity::default().identity(), None);
@@ -555,10 +524,7 @@ mod tests {
             key: Some(old.key),
             ..EtcdSecurity::default()
         };
-        let e = s
-            .apply(&eps(&["https://127.0.0.1:2379"]), ConnectOptions::new())
-            .unwrap_err()
-            .to_string();
+        let e = refusal(&s, &["https://127.0.0.1:2379"]);
         assert!(
             e.contains(&old.cert.display().to_string()) && e.contains("expired 2001-01-01"),
             "{e}"

@@ -520,6 +520,24 @@ impl Ec2Volumes for Ec2Client {
 mod tests {
     use super::*;
 
+    /// An SDK configuration for `region` at `url` with static `creds`.
+    fn sdk_config(region: &'static str, url: &str, creds: Credentials) -> aws_config::SdkConfig {
+        aws_config::SdkConfig::builder()
+            .region(aws_config::Region::new(region))
+            .endpoint_url(url)
+            .credentials_provider(SharedCredentialsProvider::new(creds))
+            .build()
+    }
+
+    /// An SDK configuration for us-east-1 at `url`.
+    fn sdk(url: &str) -> aws_config::SdkConfig {
+        sdk_config(
+            "us-east-1",
+            url,
+            Credentials::new("a", "b", None, None, "test"),
+        )
+    }
+
     // Answers in the shapes documented in the EC2 API reference (DetachVolume,
     // DescribeVolumes, "Error codes for the Amazon EC2 API").
 
@@ -677,15 +695,6 @@ mod tests {
         ] {
             assert!(!is_loopback_host(host), "{host}");
         }
-        let sdk = |url: &str| {
-            aws_config::SdkConfig::builder()
-                .region(aws_config::Region::new("us-east-1"))
-                .endpoint_url(url)
-                .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
-                    "a", "b", None, None, "test",
-                )))
-                .build()
-        };
         for ok in [
             "http://127.0.0.1:5000",
             "http://localhost:5000/",
@@ -738,18 +747,12 @@ mod tests {
 
     #[tokio::test]
     async fn a_signed_request_carries_sigv4_for_ec2_in_the_region() {
-        let sdk = aws_config::SdkConfig::builder()
-            .region(aws_config::Region::new("eu-west-3"))
-            .endpoint_url("http://127.0.0.1:9")
-            .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
-                "AKIDEXAMPLE",
-                "secret",
-                Some("token".into()),
-                None,
-                "test",
-            )))
-            .build();
-        let c = Ec2Client::new(&sdk).unwrap();
+        let config = sdk_config(
+            "eu-west-3",
+            "http://127.0.0.1:9",
+            Credentials::new("AKIDEXAMPLE", "secret", Some("token".into()), None, "test"),
+        );
+        let c = Ec2Client::new(&config).unwrap();
         let creds = c.credentials(Ec2Op::DescribeVolumes).await.unwrap();
         let req = c
             .signed_request(
@@ -774,15 +777,6 @@ mod tests {
 
     #[test]
     fn endpoints_with_a_path_are_refused() {
-        let sdk = |url: &str| {
-            aws_config::SdkConfig::builder()
-                .region(aws_config::Region::new("us-east-1"))
-                .endpoint_url(url)
-                .credentials_provider(SharedCredentialsProvider::new(Credentials::new(
-                    "a", "b", None, None, "test",
-                )))
-                .build()
-        };
         assert!(Ec2Client::new(&sdk("https://ec2.example:8443/")).is_ok());
         for bad in ["ftp://x", "https://x/path", "https://x/?a=b", "nonsense"] {
             assert!(
