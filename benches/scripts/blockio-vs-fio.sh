@@ -17,7 +17,10 @@
 # (io_uring), VARIANTS (`name=driver args` separated by `;`; default
 # `blockio=;legacy=--legacy`: the library's defaults, and the settings of every
 # measurement before 2026-12-01 15:30 UTC), WORKLOADS (names separated by spaces; default
-# all), OUT (a directory for raw results; default a temp dir).
+# all), OUT (a directory for raw results; default a temp dir), CPUS (a `taskset -c` list:
+# every tool runs pinned to it, io_uring's worker threads included, so the scheduler's
+# placement of submitter and worker — which makes tmpfs at QD 1 bimodal — is the same
+# for all; default unpinned).
 # CPU is user+system time of the whole process (bash `time`, i.e. wait4's rusage: fio's
 # job process and its io_uring threads; blockio's threads, including an SQPOLL thread),
 # start-up included, divided by the I/Os the tool reported.
@@ -34,6 +37,13 @@ ENGINE=${ENGINE:-io_uring}
 VARIANTS=${VARIANTS:-blockio=;legacy=--legacy}
 OUT=${OUT:-$(mktemp -d /var/tmp/blockio-vs-fio.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/fenced-target}
+CPUS=${CPUS:-}
+pin=()
+if [[ -n $CPUS ]]; then
+  command -v taskset >/dev/null || { echo "CPUS needs taskset (util-linux)" >&2; exit 1; }
+  taskset -c "$CPUS" true || { echo "CPUS=$CPUS: taskset refuses that CPU list" >&2; exit 1; }
+  pin=(taskset -c "$CPUS")
+fi
 
 command -v fio >/dev/null || { echo "fio is not installed (apt-get install fio)" >&2; exit 1; }
 command -v python3 >/dev/null || { echo "python3 is needed for the summary" >&2; exit 1; }
@@ -79,14 +89,14 @@ results=$OUT/results.tsv
 TIMEFORMAT='%U %S'
 
 run_fio() { # rw bs qd
-  fio --name=bench --filename="$FILE" --size="$size_bytes" --ioengine=io_uring --direct=1 \
+  "${pin[@]}" fio --name=bench --filename="$FILE" --size="$size_bytes" --ioengine=io_uring --direct=1 \
       --rw="$1" --bs="$2" --iodepth="$3" --runtime="$RUNTIME" --time_based \
       --output-format=json 2>/dev/null >"$OUT/last.json"
 }
 
 run_variant() { # name rw bs qd
   # shellcheck disable=SC2086 # the variant's arguments are words
-  "$DRIVER" --path "$FILE" --size "$size_bytes" --engine "$ENGINE" --rw "$2" --bs "$3" \
+  "${pin[@]}" "$DRIVER" --path "$FILE" --size "$size_bytes" --engine "$ENGINE" --rw "$2" --bs "$3" \
       --qd "$4" --runtime "$RUNTIME" ${variant_args[$1]} >"$OUT/last.json"
 }
 
@@ -122,17 +132,18 @@ for ((rep = 1; rep <= REPS; rep++)); do
   done
 done
 
-python3 - "$results" "$RUNTIME" "$REPS" "$FILE" "${tools[@]}" <<'PY'
+python3 - "$results" "$RUNTIME" "$REPS" "$FILE" "$CPUS" "${tools[@]}" <<'PY'
 import sys, statistics as st
 from collections import defaultdict
-path, runtime, reps, target, *tools = sys.argv[1:]
+path, runtime, reps, target, cpus, *tools = sys.argv[1:]
+pinned = f" (pinned: taskset -c {cpus})" if cpus else ""
 rows = defaultdict(lambda: defaultdict(dict))
 loads = []
 for line in open(path):
     name, rep, tool, iops, bw, ios, usr, sys_, load = line.rstrip("\n").split("\t")
     rows[name][int(rep)][tool] = (float(iops), float(bw), float(ios), float(usr) + float(sys_))
     loads.append(float(load))
-print(f"\n{reps} repetitions x {runtime} s per run, on {target}; "
+print(f"\n{reps} repetitions x {runtime} s per run, on {target}{pinned}; "
       f"1-min load average at the start of each run: {min(loads):.1f}-{max(loads):.1f} "
       f"(median {st.median(loads):.1f})\n")
 variants = [t for t in tools if t != "fio"]
