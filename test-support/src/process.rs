@@ -19,3 +19,36 @@ pub fn wait_or_kill(child: &mut Child, deadline: Instant) -> Option<ExitStatus> 
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn an_exit_before_the_deadline_is_its_status() {
+        let mut child = Command::new("sh").args(["-c", "exit 7"]).spawn().unwrap();
+        let status = wait_or_kill(&mut child, Instant::now() + Duration::from_secs(10));
+        assert_eq!(status.and_then(|s| s.code()), Some(7));
+    }
+
+    #[test]
+    fn a_child_past_the_deadline_is_killed_and_reaped() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        let t0 = Instant::now();
+        assert_eq!(
+            wait_or_kill(&mut child, t0 + Duration::from_millis(200)),
+            None
+        );
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "waited out the sleep"
+        );
+        // Reaped: nothing left to wait for, and the status says SIGKILL.
+        let status = child.try_wait().unwrap().expect("reaped");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+    }
+}
