@@ -24,16 +24,14 @@ use std::time::{Duration, Instant};
 
 use benches::{Etcd, Summary, full_mode, runtime, samples};
 
-use etcd_client::{Client, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::core::SweepSnapshot;
 use fenced::fencer::NoneFencer;
 use fenced::keys::Keys;
 use fenced::store::{EtcdStore, StoreOptions};
-
-/// etcd's default `--max-txn-ops`.
-const MAX_TXN_OPS: usize = 128;
+use test_support::seed::put_all;
 
 fn main() {
     let sizes: &[usize] = if full_mode() {
@@ -47,35 +45,6 @@ fn main() {
     let etcd = Etcd::start();
     for &n in sizes {
         rt.block_on(run(&etcd, n, reads, sweeps));
-    }
-}
-
-/// Writes `ops` in transactions of at most [`MAX_TXN_OPS`], 4 in flight.
-async fn put_all(client: &mut Client, ops: Vec<TxnOp>) {
-    let mut batches = Vec::new();
-    let mut ops = ops.into_iter().peekable();
-    while ops.peek().is_some() {
-        batches.push(ops.by_ref().take(MAX_TXN_OPS).collect::<Vec<_>>());
-    }
-    let batches = Arc::new(std::sync::Mutex::new(batches));
-    let writers: Vec<_> = (0..4)
-        .map(|_| {
-            let (mut client, batches) = (client.clone(), batches.clone());
-            tokio::spawn(async move {
-                loop {
-                    let Some(batch) = batches.lock().expect("lock").pop() else {
-                        return;
-                    };
-                    client
-                        .txn(Txn::new().and_then(batch))
-                        .await
-                        .expect("populate");
-                }
-            })
-        })
-        .collect();
-    for w in writers {
-        w.await.expect("populate");
     }
 }
 
@@ -100,7 +69,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
         .await
         .expect("connect");
     let keys: Keys = store.keys().clone();
-    let mut client = store.client();
+    let client = store.client();
     let lease = store.grant(Duration::from_secs(3600)).await.expect("grant");
     let owed_every = 100; // 1%
     let nodes: Vec<NodeId> = (0..n)
@@ -120,7 +89,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
             ));
         }
     }
-    put_all(&mut client, ops).await;
+    put_all(&client, ops).await;
     println!(
         "sweep_scale[{n}]: populated {n} nodes ({} owed) in {:.1?}",
         owed.len(),
@@ -198,7 +167,7 @@ async fn run(etcd: &Etcd, n: usize, reads: usize, sweeps: usize) {
             .iter()
             .map(|node| TxnOp::delete(keys.done(node), None))
             .collect();
-        put_all(&mut client, reset).await;
+        put_all(&client, reset).await;
         ctrl.store()
             .prepare_claim_lease()
             .await

@@ -12,24 +12,13 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
+use common::process::{FencedRun, etcdctl, fenced, stderr, stdout, wait};
 
 const ROOT: &str = "/att/";
-
-fn fenced() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fenced"))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 fn attest(etcd: &Etcd, node: &str, extra: &[&str]) -> Output {
     fenced()
@@ -41,18 +30,6 @@ fn attest(etcd: &Etcd, node: &str, extra: &[&str]) -> Output {
         .env_remove("FENCED_NODE_ID")
         .output()
         .unwrap()
-}
-
-/// `etcdctl` with `args` against `etcd`; its stdout.
-fn etcdctl(etcd: &Etcd, args: &[&str]) -> String {
-    let o = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.endpoint()])
-        .args(args)
-        .output()
-        .expect("etcdctl (Debian etcd-client)");
-    assert!(o.status.success(), "etcdctl {args:?}: {}", stderr(&o));
-    stdout(&o)
 }
 
 fn json(text: &str) -> serde_json::Value {
@@ -138,40 +115,8 @@ fn refused(etcd: &Etcd, o: &Output, want: &str, rev: u64) {
     assert_eq!(revision(etcd), rev, "a refusal wrote to etcd");
 }
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
-    let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
-    Daemon(
-        fenced()
-            .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
-            .args(["--etcd-endpoints", &etcd.endpoint()])
-            .args(["--ttl-secs", "2", "--sweep-secs", "1"])
-            .args(["--instance-id", &format!("i-{node}")])
-            .env("FENCED_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
-
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> FencedRun {
+    FencedRun::start(&etcd.endpoint(), ROOT, node, dir, &[], &[])
 }
 
 #[test]
@@ -285,8 +230,7 @@ fn a_dead_daemon_is_fenced_once_and_a_second_attest_changes_nothing() {
         stderr(&o)
     );
     assert_eq!(generation(&etcd, "n1"), Some(0));
-    d1.0.kill().unwrap();
-    d1.0.wait().unwrap();
+    d1.kill();
     wait("n1's membership expired", || {
         get(&etcd, "membership/n1").is_none()
     });

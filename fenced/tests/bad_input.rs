@@ -15,14 +15,18 @@
 //!
 //! `nvme-resv`'s part is `nvme-resv/tests/bad_input.rs`.
 
+mod common;
+
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use common::process::{Daemon, wait_within};
 use test_support::etcd::Etcd;
+use test_support::process::wait_or_kill;
 
 /// Every case must be answered within this.
 const LIMIT: Duration = Duration::from_secs(15);
@@ -61,19 +65,11 @@ fn run(mut cmd: Command, dir: &Path) -> Ran {
         .stderr(err.reopen().unwrap())
         .spawn()
         .unwrap();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!(
-                "{cmd:?} still running after {LIMIT:?}; stderr: {}",
-                std::fs::read_to_string(err.path()).unwrap_or_default()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_or_kill(&mut child, t0 + LIMIT) else {
+        panic!(
+            "{cmd:?} still running after {LIMIT:?}; stderr: {}",
+            std::fs::read_to_string(err.path()).unwrap_or_default()
+        );
     };
     Ran {
         status,
@@ -846,38 +842,13 @@ fn probe_leaves_the_device_content_unchanged() {
     assert!(help.contains("the same bytes are written back"), "{help}");
 }
 
-/// A `fenced run` child, SIGKILLed by pid on drop.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
+/// `fenced run --fencer none` as `node` under `/bad/` (claim TTL 3 s) with `extra`,
+/// logging at info: the child (SIGKILLed by pid on drop) and its log file.
 fn daemon(etcd: &Etcd, node: &str, dir: &Path, extra: &[&str]) -> (Daemon, PathBuf) {
     let log = dir.join(format!("{node}.log"));
     let child = fenced()
-        .args([
-            "run",
-            "--fencer",
-            "none",
-            "--node-id",
-            node,
-            "--root",
-            "/bad/",
-        ])
-        .args(["--etcd-endpoints", &etcd.endpoint()])
-        .args([
-            "--ttl-secs",
-            "2",
-            "--sweep-secs",
-            "1",
-            "--claim-ttl-secs",
-            "3",
-        ])
-        .args(["--instance-id", &format!("i-{node}")])
+        .args(common::process::run_args(&etcd.endpoint(), "/bad/", node))
+        .args(["--claim-ttl-secs", "3"])
         .args(extra)
         .env("FENCED_LOG", "info")
         .stdout(Stdio::null())
@@ -887,16 +858,8 @@ fn daemon(etcd: &Etcd, node: &str, dir: &Path, extra: &[&str]) -> (Daemon, PathB
     (Daemon(child), log)
 }
 
-fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+/// How long a daemon may take to reach a state a test waits for.
+const WAIT: Duration = Duration::from_secs(30);
 
 /// `fenced leave` with pid files that could make it signal the wrong process: `-1`
 /// (every process), `0` (its own process group), `1` (init), garbage, a stale pid. It
@@ -1061,7 +1024,7 @@ fn the_pid_file_is_locked_while_the_daemon_runs_and_leave_uses_its_socket() {
     let sock = fx.path("n1.sock");
     let p = pid_file.to_str().unwrap();
     let (mut d1, _log) = daemon(&etcd, "n1", fx.dir.path(), &["--pid-file", p]);
-    wait_for("n1's pid file", || {
+    wait_within("n1's pid file", WAIT, || {
         std::fs::read_to_string(&pid_file).is_ok_and(|t| t.contains("control_socket"))
     });
     let text = std::fs::read_to_string(&pid_file).unwrap();
@@ -1157,7 +1120,7 @@ fn the_pid_file_is_locked_while_the_daemon_runs_and_leave_uses_its_socket() {
     );
     // SIGKILL leaves both behind: leave says nobody answers; a new daemon takes them over.
     let (mut d2, _) = daemon(&etcd, "n1", fx.dir.path(), &["--pid-file", p]);
-    wait_for("n1's second pid file", || sock.exists());
+    wait_within("n1's second pid file", WAIT, || sock.exists());
     d2.0.kill().unwrap();
     d2.0.wait().unwrap();
     assert!(pid_file.exists() && sock.exists());
@@ -1169,7 +1132,7 @@ fn the_pid_file_is_locked_while_the_daemon_runs_and_leave_uses_its_socket() {
         "no fenced answers on control socket",
     );
     let (_d3, log3) = daemon(&etcd, "n4", fx.dir.path(), &["--pid-file", p]);
-    wait_for("the stale files taken over", || {
+    wait_within("the stale files taken over", WAIT, || {
         std::fs::read_to_string(&log3).is_ok_and(|l| l.contains("fenced running"))
     });
 }
@@ -1181,7 +1144,7 @@ fn a_crafted_instance_id_in_etcd_cannot_forge_a_log_line() {
     let fx = Fixture::new();
     let etcd = Etcd::start();
     let (_d1, log) = daemon(&etcd, "n1", fx.dir.path(), &[]);
-    wait_for("n1 running", || {
+    wait_within("n1 running", WAIT, || {
         std::fs::read_to_string(&log).is_ok_and(|l| l.contains("fenced running"))
     });
     let forged = "2026-01-01T00:00:00.000000Z  INFO fenced::agent: FORGED generation reset";
@@ -1190,7 +1153,7 @@ fn a_crafted_instance_id_in_etcd_cannot_forge_a_log_line() {
         "/bad/membership/n9",
         &format!("i-9\n{forged}\r\u{1b}[2K"),
     );
-    wait_for("the DELETE logged", || {
+    wait_within("the DELETE logged", WAIT, || {
         std::fs::read_to_string(&log).is_ok_and(|l| l.contains("not an instance id"))
     });
     std::thread::sleep(Duration::from_millis(500));
@@ -1224,7 +1187,7 @@ fn leave_while_waiting_for_etcd_ends_the_wait() {
             .spawn()
             .unwrap(),
     );
-    wait_for("the control socket", || sock.exists());
+    wait_within("the control socket", WAIT, || sock.exists());
     let mut c = fenced();
     c.args(["leave", "--timeout-secs", "10", "--pid-file"])
         .arg(&pid_file);

@@ -4,18 +4,11 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
-
-fn fenced() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fenced"))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
+use common::process::{FencedRun, etcdctl, fenced, status_json, stderr, stdout, wait};
 
 #[test]
 fn invalid_node_id_is_one_clear_line() {
@@ -106,12 +99,9 @@ fn unreachable_etcd_is_retried_with_backoff_then_reported() {
     assert!(t0.elapsed() >= Duration::from_secs(1));
 }
 
-#[test]
-fn nvme_fencer_on_a_device_without_reservations_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("disk.img");
-    std::fs::write(&file, vec![0u8; 4096]).unwrap();
-    let o = fenced()
+/// `fenced run --fencer nvme --block-device <dev>` as node n1.
+fn run_nvme(dev: &Path) -> Output {
+    fenced()
         .args([
             "run",
             "--fencer",
@@ -120,9 +110,17 @@ fn nvme_fencer_on_a_device_without_reservations_is_refused() {
             "n1",
             "--block-device",
         ])
-        .arg(&file)
+        .arg(dev)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+#[test]
+fn nvme_fencer_on_a_device_without_reservations_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("disk.img");
+    std::fs::write(&file, vec![0u8; 4096]).unwrap();
+    let o = run_nvme(&file);
     assert!(!o.status.success());
     let e = stderr(&o);
     assert_eq!(e.lines().count(), 1, "{e}");
@@ -142,21 +140,7 @@ fn block_device_links_are_resolved_and_missing_paths_named() {
     // A /dev/disk/by-id style link: the error names the device it resolves to.
     let link = dir.path().join("nvme-eui.0011");
     std::os::unix::fs::symlink(&file, &link).unwrap();
-    let run = |dev: &Path| {
-        fenced()
-            .args([
-                "run",
-                "--fencer",
-                "nvme",
-                "--node-id",
-                "n1",
-                "--block-device",
-            ])
-            .arg(dev)
-            .output()
-            .unwrap()
-    };
-    let o = run(&link);
+    let o = run_nvme(&link);
     let e = stderr(&o);
     assert!(!o.status.success());
     assert!(
@@ -166,7 +150,7 @@ fn block_device_links_are_resolved_and_missing_paths_named() {
         )),
         "{e}"
     );
-    let o = run(&dir.path().join("nvme-gone"));
+    let o = run_nvme(&dir.path().join("nvme-gone"));
     let e = stderr(&o);
     assert!(!o.status.success());
     assert!(
@@ -178,55 +162,21 @@ fn block_device_links_are_resolved_and_missing_paths_named() {
     );
 }
 
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> Daemon {
-    let log = std::fs::File::create(dir.join(format!("{node}.log"))).unwrap();
-    Daemon(
-        fenced()
-            .args([
-                "run",
-                "--fencer",
-                "none",
-                "--node-id",
-                node,
-                "--root",
-                "/cli",
-            ])
-            .args(["--etcd-endpoints", &etcd.endpoint()])
-            .args([
-                "--ttl-secs",
-                "2",
-                "--sweep-secs",
-                "1",
-                "--instance-id",
-                &format!("i-{node}"),
-            ])
-            .arg("--pid-file")
-            .arg(dir.join(format!("{node}.pid")))
-            .env("FENCED_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
+fn daemon(etcd: &Etcd, node: &str, dir: &Path) -> FencedRun {
+    let pid_file = dir.join(format!("{node}.pid"));
+    let pid_file = pid_file.to_str().expect("a UTF-8 temp dir");
+    FencedRun::start(
+        &etcd.endpoint(),
+        "/cli",
+        node,
+        dir,
+        &["--pid-file", pid_file],
+        &[],
     )
 }
 
 fn status(etcd: &Etcd) -> serde_json::Value {
-    let o = fenced()
-        .args(["status", "-o", "json", "--root", "/cli"])
-        .args(["--etcd-endpoints", &etcd.endpoint()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    status_json(etcd, "/cli")
 }
 
 fn generation(s: &serde_json::Value, node: &str) -> Option<u64> {
@@ -240,17 +190,6 @@ fn members(s: &serde_json::Value) -> usize {
         .map_or(0, |n| n.values().filter(|r| r["member"] == true).count())
 }
 
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn daemons_fence_a_killed_peer_and_not_one_that_left() {
     let etcd = Etcd::start();
@@ -260,8 +199,7 @@ fn daemons_fence_a_killed_peer_and_not_one_that_left() {
     let d3 = daemon(&etcd, "n3", dir.path());
     wait("three members", || members(&status(&etcd)) == 3);
     // SIGKILL n2: single-signal fencing bumps its generation on expiry.
-    d2.0.kill().unwrap();
-    d2.0.wait().unwrap();
+    d2.kill();
     wait("n2 fenced", || generation(&status(&etcd), "n2") == Some(1));
     let s = status(&etcd);
     let owed: Vec<_> = s["nodes"]
@@ -281,7 +219,7 @@ fn daemons_fence_a_killed_peer_and_not_one_that_left() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let mut d3 = d3;
-    assert!(d3.0.wait().unwrap().success());
+    assert!(d3.wait().success());
     std::thread::sleep(Duration::from_secs(4)); // TTL + several sweeps
     let s = status(&etcd);
     assert_eq!(generation(&s, "n3"), Some(0), "{s}");
@@ -343,8 +281,7 @@ fn operator_attestation_is_refused_while_member_then_fences_once_with_the_reason
     let o = attest(&[]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("still a member"), "{}", stderr(&o));
-    d1.0.kill().unwrap();
-    d1.0.wait().unwrap();
+    d1.kill();
     wait("n1's membership expired", || members(&status(&etcd)) == 0);
     // Its lease is gone from etcd: attest waits out its self-fence margin (4 s)
     // minus its TTL (2 s), then fences. (Freshness judged by etcd: tests/attest.rs.)
@@ -358,28 +295,18 @@ fn operator_attestation_is_refused_while_member_then_fences_once_with_the_reason
     let o = attest(&["--force-ignore-liveness"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(
-        String::from_utf8_lossy(&o.stdout).contains("n1 already fenced at generation 1"),
+        stdout(&o).contains("n1 already fenced at generation 1"),
         "{}",
-        String::from_utf8_lossy(&o.stdout)
+        stdout(&o)
     );
     let s = status(&etcd);
     assert_eq!(generation(&s, "n1"), Some(1));
     assert_eq!(s["audit_records"], 1);
     // The reason is in the audit record verbatim.
-    let o = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args([
-            "--endpoints",
-            &etcd.endpoint(),
-            "get",
-            "--prefix",
-            "/cli/audit/n1/",
-            "--print-value-only",
-        ])
-        .output()
-        .expect("etcdctl (Debian etcd-client)");
-    assert!(o.status.success());
-    let v = String::from_utf8_lossy(&o.stdout);
+    let v = etcdctl(
+        &etcd,
+        &["get", "--prefix", "/cli/audit/n1/", "--print-value-only"],
+    );
     assert!(
         v.contains("attested by alice: host n1 powered off; confirmed on the BMC console"),
         "{v}"

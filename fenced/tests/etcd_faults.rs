@@ -17,7 +17,6 @@ use fenced::agent::AgentExit;
 use fenced::core::{Confirmation, Victim};
 use fenced::fencer::{BoxFuture, FenceError, Fencer};
 use fenced::store::{EtcdStore, StoreOptions};
-use nvme_resv::Reservations;
 
 /// The tests of this file run one at a time: each starts etcd members, daemons and
 /// proxies whose timing is the subject, and on a loaded 2-core machine running them
@@ -39,14 +38,6 @@ impl Fencer for SlowSever {
             self.0.fence(v).await
         })
     }
-}
-
-fn registered(host: &device::Host, n: &str) -> bool {
-    host.report()
-        .unwrap()
-        .registrants
-        .iter()
-        .any(|r| r.rkey == key_of(n))
 }
 
 /// Polls every victim's generation (etcd errors during an election are retried) and

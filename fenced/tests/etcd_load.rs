@@ -16,50 +16,13 @@ mod common;
 
 use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
+use common::process::{FencedRun, fenced, stderr, stdout};
 use test_support::EtcdOptions;
 
 const ROOT: &str = "/load/";
-
-fn fenced() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fenced"))
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn daemon(etcd: &Etcd, node: &str, log: &Path) -> Daemon {
-    let log = std::fs::File::create(log).unwrap();
-    Daemon(
-        fenced()
-            .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
-            .args(["--etcd-endpoints", &etcd.endpoint()])
-            .args(["--ttl-secs", "2", "--sweep-secs", "1"])
-            .args(["--instance-id", &format!("i-{node}")])
-            .env("FENCED_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    )
-}
 
 async fn client(etcd: &Etcd) -> etcd_client::Client {
     etcd_client::Client::connect([etcd.endpoint()], None)
@@ -113,8 +76,8 @@ const BOUND_WRITES_PER_S: f64 = 0.05;
 async fn an_idle_daemon_makes_at_most_one_revision_per_liveness_refresh() {
     let etcd = Etcd::start();
     let dir = tempfile::tempdir().unwrap();
+    let mut d = FencedRun::start(&etcd.endpoint(), ROOT, "n1", dir.path(), &[], &[]);
     let log = dir.path().join("n1.log");
-    let mut d = daemon(&etcd, "n1", &log);
     let mut c = client(&etcd).await;
     let key = format!("{ROOT}liveness/n1");
     wait_for("n1 joined and recorded its lease", &log, async || {
@@ -165,11 +128,7 @@ async fn an_idle_daemon_makes_at_most_one_revision_per_liveness_refresh() {
         revision(&mut c).await,
         metric(&etcd, "etcd_server_proposals_committed_total"),
     );
-    assert!(
-        d.0.try_wait().unwrap().is_none(),
-        "the daemon exited: {}",
-        std::fs::read_to_string(&log).unwrap_or_default()
-    );
+    assert!(d.running(), "the daemon exited: {}", d.log());
     let revisions = rev1 - rev0;
     println!(
         "idle node over {secs:.1}s: {revisions} revisions ({:.3}/s): {} by the node {node_writes:?}, {stamps} sweep stamps (one per sweep period, per cluster); {} raft proposals ({:.3}/s)",

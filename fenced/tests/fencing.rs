@@ -16,22 +16,10 @@ use nvme_resv::Reservations;
 
 const WAIT: Duration = Duration::from_secs(20);
 
-fn registered(host: &device::Host, n: &str) -> bool {
-    host.report()
-        .unwrap()
-        .registrants
-        .iter()
-        .any(|r| r.rkey == key_of(n))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_death_is_fenced_once_and_arenas_return() {
     let c = Cluster::new();
-    let store = c.store().await;
-    store
-        .add_free_arenas(&["a1".into(), "a2".into(), "a3".into()])
-        .await
-        .unwrap();
+    let store = c.store_with_arenas(&["a1", "a2", "a3"]).await;
     let d1 = c.daemon("n1", 1).await;
     let d2 = c.daemon("n2", 1).await;
     let d3 = c.daemon("n3", 1).await;
@@ -104,11 +92,7 @@ async fn sigkill_death_is_fenced_once_and_arenas_return() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn intentional_departure_is_not_fenced() {
     let c = Cluster::new();
-    let store = c.store().await;
-    store
-        .add_free_arenas(&["a1".into(), "a2".into()])
-        .await
-        .unwrap();
+    let store = c.store_with_arenas(&["a1", "a2"]).await;
     let d1 = c.daemon("n1", 1).await;
     let d2 = c.daemon("n2", 1).await;
     let arena = d2.agent.arenas[0].clone();
@@ -132,11 +116,7 @@ async fn intentional_departure_is_not_fenced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn expired_node_cannot_forge_its_departure() {
     let c = Cluster::new();
-    let store = c.store().await;
-    store
-        .add_free_arenas(&["a1".into(), "a2".into()])
-        .await
-        .unwrap();
+    let store = c.store_with_arenas(&["a1", "a2"]).await;
     let d1 = c.daemon("n1", 1).await;
     // n2: a partitioned node. Its agent stops renewing (hung), its lease expires.
     let a2 = c.agent("n2", 1).await;
@@ -599,8 +579,7 @@ async fn a_late_delete_event_after_the_fence_does_not_bump_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_expired_node_can_neither_return_nor_adopt_arenas() {
     let c = Cluster::new();
-    let store = c.store().await;
-    store.add_free_arenas(&["a1".into()]).await.unwrap();
+    let store = c.store_with_arenas(&["a1"]).await;
     let n1 = c.agent("n1", 1).await;
     assert_eq!(n1.arenas, vec!["a1".to_owned()]);
     // While a member, adoption reads the records.

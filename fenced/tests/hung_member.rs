@@ -28,7 +28,7 @@ use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use common::cluster::{EtcdCluster, Fleet};
+use common::cluster::{EtcdCluster, Fleet, Stopped};
 use common::process::FencedRun;
 use common::*;
 use fenced::store::EtcdStore;
@@ -71,27 +71,6 @@ fn capture_log() -> usize {
 
 fn log_since(offset: usize) -> String {
     String::from_utf8_lossy(&LOG.lock().unwrap()[offset..]).into_owned()
-}
-
-/// A member stopped with SIGSTOP, continued (SIGCONT) when dropped, so a failing
-/// test never leaves a stopped etcd behind. Only PIDs the harness started are signalled.
-struct Stopped(i32);
-
-impl Stopped {
-    fn new(pid: u32) -> Self {
-        let pid = i32::try_from(pid).expect("pid");
-        // SAFETY: kill(2) with a PID of a child the harness spawned and still owns.
-        let r = unsafe { libc::kill(pid, libc::SIGSTOP) };
-        assert_eq!(r, 0, "SIGSTOP {pid}: {}", std::io::Error::last_os_error());
-        Self(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: as above; the child has not been reaped (the cluster owns it).
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
-    }
 }
 
 /// How a hang ended.

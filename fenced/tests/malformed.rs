@@ -5,32 +5,12 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
-use common::process::FencedRun;
+use common::process::{FencedRun, status_json};
 
 const ROOT: &str = "/bad/";
-
-fn fenced() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fenced"))
-}
-
-/// `fenced status -o json` under [`ROOT`].
-fn status_json(etcd: &Etcd) -> serde_json::Value {
-    let o = fenced()
-        .args(["status", "-o", "json", "--root", ROOT])
-        .args(["--etcd-endpoints", &etcd.endpoint()])
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap()
-}
 
 async fn wait_for<F, Fut>(what: &str, mut f: F)
 where
@@ -226,7 +206,7 @@ async fn garbage_under_every_prefix_does_not_stop_the_sweep() {
     }
 
     // `fenced status` lists every malformed record, each with why and what is done.
-    let st = status_json(&etcd);
+    let st = status_json(&etcd, ROOT);
     let listed: Vec<&str> = st["malformed"]
         .as_array()
         .unwrap()

@@ -18,10 +18,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::cluster::EtcdCluster;
+use common::cluster::{EtcdCluster, Stopped};
 use common::*;
-use fenced::store::{EtcdStore, StoreOptions};
+use fenced::store::{EndpointState, EtcdStore, StoreOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 
 /// The tests of this file run one at a time (they measure time and counts).
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -129,24 +130,25 @@ async fn an_idle_store_probes_etcd_rarely() {
     assert_eq!(total, probes, "{d:?}");
 }
 
-/// A member stopped with SIGSTOP (accepts connections, answers nothing), continued on
-/// drop. Only PIDs the harness started are signalled.
-struct Stopped(i32);
-
-impl Stopped {
-    fn new(pid: u32) -> Self {
-        let pid = i32::try_from(pid).expect("pid");
-        // SAFETY: kill(2) with the PID of a child the harness spawned and still owns.
-        let r = unsafe { libc::kill(pid, libc::SIGSTOP) };
-        assert_eq!(r, 0, "SIGSTOP {pid}: {}", std::io::Error::last_os_error());
-        Self(pid)
-    }
-}
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        // SAFETY: as above; the child has not been reaped (the cluster owns it).
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
+/// Waits (up to 20 s for each change of `rotation`) until `hung_ep` is out of rotation:
+/// when it was seen out.
+async fn out_of_rotation(
+    rotation: &mut watch::Receiver<Vec<EndpointState>>,
+    hung_ep: &str,
+) -> Instant {
+    loop {
+        let out = tokio::time::timeout(Duration::from_secs(20), rotation.changed()).await;
+        assert!(
+            matches!(out, Ok(Ok(()))),
+            "{hung_ep} not out of rotation within 20 s"
+        );
+        let states = rotation.borrow_and_update().clone();
+        if states
+            .iter()
+            .any(|e| e.endpoint == hung_ep && !e.in_rotation)
+        {
+            return Instant::now();
+        }
     }
 }
 
@@ -193,20 +195,7 @@ async fn a_hung_member_leaves_rotation_soon_after_the_first_slow_request() {
     let t_hang = Instant::now();
     let stopped = Stopped::new(etcd.pid(hung).expect("member runs"));
     let reads = spawn_reads(store.clone(), t_hang + Duration::from_secs(3));
-    let t_out = loop {
-        let out = tokio::time::timeout(Duration::from_secs(20), rotation.changed()).await;
-        assert!(
-            matches!(out, Ok(Ok(()))),
-            "{hung_ep} not out of rotation within 20 s"
-        );
-        let states = rotation.borrow_and_update().clone();
-        if states
-            .iter()
-            .any(|e| e.endpoint == hung_ep && !e.in_rotation)
-        {
-            break Instant::now();
-        }
-    };
+    let t_out = out_of_rotation(&mut rotation, &hung_ep).await;
     let reads = reads.await.unwrap();
     drop(stopped);
     // The first request that went slow: unanswered `slow_after` after it was sent.
@@ -288,20 +277,7 @@ async fn a_lease_renewal_unanswered_on_a_hung_member_takes_it_out_of_rotation() 
                 .is_ok_and(|m| m.is_some())
         })
     };
-    let t_out = loop {
-        let out = tokio::time::timeout(Duration::from_secs(20), rotation.changed()).await;
-        assert!(
-            matches!(out, Ok(Ok(()))),
-            "{hung_ep} not out of rotation within 20 s"
-        );
-        let states = rotation.borrow_and_update().clone();
-        if states
-            .iter()
-            .any(|e| e.endpoint == hung_ep && !e.in_rotation)
-        {
-            break Instant::now();
-        }
-    };
+    let t_out = out_of_rotation(&mut rotation, &hung_ep).await;
     // Finished with an answer (an error, e.g. the connection torn down by the HTTP/2
     // PING timeout, is no answer).
     let answered = if renewal.is_finished() {

@@ -10,29 +10,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::etcd::Etcd;
+use common::process::{Daemon, etcdctl, fenced, run_args, status_json, stderr, wait};
 
 const ROOT: &str = "/restart";
-
-fn fenced() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fenced"))
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn boot_file(dir: &Path, node: &str) -> PathBuf {
     dir.join(format!("{node}.boot_id"))
@@ -57,10 +41,7 @@ fn daemon_with(
         .unwrap();
     Daemon(
         fenced()
-            .args(["run", "--fencer", "none", "--node-id", node, "--root", ROOT])
-            .args(["--etcd-endpoints", &etcd.endpoint()])
-            .args(["--ttl-secs", "2", "--sweep-secs", "1"])
-            .args(["--instance-id", &format!("i-{node}")])
+            .args(run_args(&etcd.endpoint(), ROOT, node))
             .arg("--pid-file")
             .arg(dir.join(format!("{node}.pid")))
             .env("FENCED_BOOT_ID_FILE", boot_file(dir, node))
@@ -97,13 +78,7 @@ fn refused_start(etcd: &Etcd, node: &str, dir: &Path) -> (ExitStatus, String) {
 }
 
 fn status(etcd: &Etcd) -> serde_json::Value {
-    let o = fenced()
-        .args(["status", "-o", "json", "--root", ROOT])
-        .args(["--etcd-endpoints", &etcd.endpoint()])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    serde_json::from_slice(&o.stdout).unwrap()
+    status_json(etcd, ROOT)
 }
 
 fn generation(etcd: &Etcd, node: &str) -> Option<u64> {
@@ -112,28 +87,6 @@ fn generation(etcd: &Etcd, node: &str) -> Option<u64> {
 
 fn is_member(etcd: &Etcd, node: &str) -> bool {
     status(etcd)["nodes"][node]["member"] == true
-}
-
-fn wait(what: &str, mut f: impl FnMut() -> bool) {
-    let t0 = Instant::now();
-    while !f() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn etcdctl(etcd: &Etcd, args: &[&str]) -> String {
-    let o = Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        .args(["--endpoints", &etcd.endpoint()])
-        .args(args)
-        .output()
-        .expect("etcdctl (Debian etcd-client)");
-    assert!(o.status.success(), "etcdctl {args:?}: {}", stderr(&o));
-    String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
 /// The store's revision and every key under the root with its value.
@@ -443,13 +396,7 @@ async fn die(c: &common::Cluster, agent: fenced::agent::Agent) {
 }
 
 fn registered(c: &common::Cluster, n: &str) -> bool {
-    use nvme_resv::Reservations;
-    c.host("n0")
-        .report()
-        .unwrap()
-        .registrants
-        .iter()
-        .any(|r| r.rkey == common::key_of(n))
+    common::registered(&c.host("n0"), n)
 }
 
 /// The fence's `sever`, done by n0's host: preempt (and abort) n1's key. The fence

@@ -12,15 +12,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Client, PutOptions, Txn, TxnOp};
+use etcd_client::{Client, PutOptions, TxnOp};
 use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::NoneFencer;
 use fenced::keys::Keys;
 use fenced::store::{EtcdStore, StoreOptions, count_round_trips};
-
-/// etcd's default `--max-txn-ops`.
-const MAX_TXN_OPS: usize = 128;
 
 fn node(i: usize) -> NodeId {
     NodeId::new(&format!("node-{i:06}")).expect("node id")
@@ -60,31 +57,7 @@ async fn seed(client: &Client, k: &Keys, n: usize, owed_every: usize) -> Vec<Nod
             ops.push(TxnOp::put(k.membership(&id), instance, lease));
         }
     }
-    let mut batches = Vec::new();
-    let mut ops = ops.into_iter().peekable();
-    while ops.peek().is_some() {
-        batches.push(ops.by_ref().take(MAX_TXN_OPS).collect::<Vec<_>>());
-    }
-    let batches = Arc::new(std::sync::Mutex::new(batches));
-    let writers: Vec<_> = (0..4)
-        .map(|_| {
-            let (mut client, batches) = (client.clone(), batches.clone());
-            tokio::spawn(async move {
-                loop {
-                    let Some(batch) = batches.lock().expect("lock").pop() else {
-                        return;
-                    };
-                    client
-                        .txn(Txn::new().and_then(batch))
-                        .await
-                        .expect("seed transaction");
-                }
-            })
-        })
-        .collect();
-    for w in writers {
-        w.await.expect("seed writer");
-    }
+    test_support::seed::put_all(client, ops).await;
     owed
 }
 

@@ -8,6 +8,7 @@ mod common;
 use std::process::Output;
 use std::time::Duration;
 
+use common::process::{stderr, stdout};
 use common::*;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -26,17 +27,9 @@ async fn fenced_on(endpoints: &str, root: &str, args: &[&str]) -> Output {
         .expect("run the fenced binary")
 }
 
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
 async fn json(c: &Cluster, args: &[&str]) -> serde_json::Value {
     let o = fenced(c, args).await;
-    assert!(
-        o.status.success(),
-        "fenced {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "fenced {args:?}: {}", stderr(&o));
     serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", stdout(&o)))
 }
 
@@ -56,11 +49,7 @@ async fn check(c: &Cluster, args: &[&str]) -> (i32, String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_audit_and_check_explain_an_owed_a_failed_and_a_completed_fence() {
     let c = Cluster::new();
-    let store = c.store().await;
-    store
-        .add_free_arenas(&["a1".into(), "a2".into()])
-        .await
-        .unwrap();
+    let store = c.store_with_arenas(&["a1", "a2"]).await;
     let a1 = c.agent("n1", 1).await;
     let a2 = c.agent("n2", 1).await;
     let victim_arena = a2.arenas[0].clone();

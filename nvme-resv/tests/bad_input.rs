@@ -12,6 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use test_support::process::wait_or_kill;
+
 const LIMIT: Duration = Duration::from_secs(15);
 
 #[derive(Debug)]
@@ -33,16 +35,8 @@ fn run(args: &[&str], dir: &Path) -> Ran {
         .stderr(err.reopen().unwrap())
         .spawn()
         .unwrap();
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        if t0.elapsed() > LIMIT {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("nvme-resv {args:?} still running after {LIMIT:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    let Some(status) = wait_or_kill(&mut child, t0 + LIMIT) else {
+        panic!("nvme-resv {args:?} still running after {LIMIT:?}");
     };
     Ran {
         status,

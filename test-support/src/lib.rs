@@ -7,11 +7,18 @@
 //! - [`tls::Pki`]: a test CA issuing server and client certificates (TLS etcd).
 //! - [`etcd::EtcdVersion`]: the version of the etcd under test (`$FENCED_ETCD`), for
 //!   the behaviours that differ between releases.
+//! - [`process::wait_or_kill`]: a binary under test waited for until a deadline, then
+//!   killed.
+//! - `seed::put_all` (feature `seed`): a large key space written in batched
+//!   transactions.
 #![deny(missing_docs)]
 #![deny(unsafe_code)]
 
 pub mod cluster;
 pub mod etcd;
+pub mod process;
+#[cfg(feature = "seed")]
+pub mod seed;
 pub mod tls;
 
 pub use etcd::{Etcd, EtcdOptions, EtcdVersion, etcd_binary, free_port, healthy};

@@ -130,6 +130,29 @@ async fn pump(
     let _ = writer.await;
 }
 
+/// A member stopped with SIGSTOP (it accepts connections and answers nothing),
+/// continued (SIGCONT) when dropped, so a failing test never leaves a stopped etcd
+/// behind. Only PIDs the harness started are signalled.
+pub struct Stopped(i32);
+
+impl Stopped {
+    /// Stops `pid`, the PID of a member the harness spawned (`EtcdCluster::pid`).
+    pub fn new(pid: u32) -> Self {
+        let pid = i32::try_from(pid).expect("pid");
+        // SAFETY: kill(2) with the PID of a child the harness spawned and still owns.
+        let r = unsafe { libc::kill(pid, libc::SIGSTOP) };
+        assert_eq!(r, 0, "SIGSTOP {pid}: {}", std::io::Error::last_os_error());
+        Self(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: as above; the child has not been reaped (the cluster owns it).
+        unsafe { libc::kill(self.0, libc::SIGCONT) };
+    }
+}
+
 /// Agents and controllers connected to `endpoints` (all etcd members, or a proxy),
 /// sharing one in-memory namespace.
 pub struct Fleet {
@@ -144,13 +167,7 @@ pub struct Fleet {
 impl Fleet {
     /// A fleet using `endpoints`.
     pub fn new(endpoints: Vec<String>) -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("FENCED_TEST_LOG")
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_test_writer()
-            .try_init();
+        super::init_tracing();
         Self {
             endpoints,
             ns: device::Namespace::new(),

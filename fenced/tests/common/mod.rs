@@ -17,7 +17,7 @@ use fenced::controller::{Controller, ControllerConfig};
 use fenced::fencer::{Fencer, NvmeFencer, PreemptMode};
 use fenced::guard::GenerationGuard;
 use fenced::store::EtcdStore;
-use nvme_resv::{HostId, Key};
+use nvme_resv::{HostId, Key, Reservations};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -39,8 +39,29 @@ pub fn host_id(node: &str) -> HostId {
     HostId(id)
 }
 
+/// Whether node `n`'s key is registered, as `host` reads the reservation report.
+pub fn registered(host: &device::Host, n: &str) -> bool {
+    host.report()
+        .unwrap()
+        .registrants
+        .iter()
+        .any(|r| r.rkey == key_of(n))
+}
+
 pub fn node(s: &str) -> NodeId {
     NodeId::new(s).unwrap()
+}
+
+/// The test's log (`FENCED_TEST_LOG`, default `warn`) in the test's output; the first
+/// subscriber installed in the binary wins.
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FENCED_TEST_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
 }
 
 /// etcd + a namespace + a key root.
@@ -52,13 +73,7 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn new() -> Self {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_env("FENCED_TEST_LOG")
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_test_writer()
-            .try_init();
+        init_tracing();
         Self {
             etcd: etcd::Etcd::start(),
             ns: device::Namespace::new(),
@@ -70,6 +85,14 @@ impl Cluster {
         EtcdStore::connect(&[self.etcd.endpoint()], &self.root, CLAIM_TTL)
             .await
             .expect("connect to the test etcd")
+    }
+
+    /// A store on the cluster, once `arenas` are in the free pool.
+    pub async fn store_with_arenas(&self, arenas: &[&str]) -> EtcdStore {
+        let store = self.store().await;
+        let arenas: Vec<String> = arenas.iter().map(|&a| a.to_owned()).collect();
+        store.add_free_arenas(&arenas).await.unwrap();
+        store
     }
 
     pub fn host(&self, n: &str) -> device::Host {
