@@ -14,7 +14,9 @@
 #
 # Env: FILE (default /var/tmp/blockio-vs-fio.img, created and laid out if missing),
 # SIZE (1G), RUNTIME seconds per run (5), REPS (5), SEQ_QD (32), ENGINE for blockio
-# (io_uring), VARIANTS (`name=driver args` separated by `;`; default
+# (auto: the library's default; io_uring or sync to force one), FIO_PSYNC (non-empty:
+# fio with ioengine=psync runs too, as a second peer; ratios stay against fio's
+# io_uring), VARIANTS (`name=driver args` separated by `;`; default
 # `blockio=;legacy=--legacy`: the library's defaults, and the settings of every
 # measurement before 2026-12-01 15:30 UTC), WORKLOADS (names separated by spaces; default
 # all), OUT (a directory for raw results; default a temp dir), CPUS (a `taskset -c` list:
@@ -33,7 +35,8 @@ SIZE=${SIZE:-1G}
 RUNTIME=${RUNTIME:-5}
 REPS=${REPS:-5}
 SEQ_QD=${SEQ_QD:-32}
-ENGINE=${ENGINE:-io_uring}
+ENGINE=${ENGINE:-auto}
+FIO_PSYNC=${FIO_PSYNC:-}
 VARIANTS=${VARIANTS:-blockio=;legacy=--legacy}
 OUT=${OUT:-$(mktemp -d /var/tmp/blockio-vs-fio.XXXXXX)}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/fenced-target}
@@ -74,6 +77,7 @@ done
 
 declare -A variant_args=()
 tools=(fio)
+[[ -n $FIO_PSYNC ]] && tools+=(fio-psync)
 IFS=';' read -ra specs <<<"$VARIANTS"
 for spec in "${specs[@]}"; do
   [[ $spec == *=* ]] || { echo "VARIANTS: '$spec' is not name=args" >&2; exit 1; }
@@ -88,9 +92,9 @@ results=$OUT/results.tsv
 : >"$results"
 TIMEFORMAT='%U %S'
 
-run_fio() { # rw bs qd
-  "${pin[@]}" fio --name=bench --filename="$FILE" --size="$size_bytes" --ioengine=io_uring --direct=1 \
-      --rw="$1" --bs="$2" --iodepth="$3" --runtime="$RUNTIME" --time_based \
+run_fio() { # engine rw bs qd
+  "${pin[@]}" fio --name=bench --filename="$FILE" --size="$size_bytes" --ioengine="$1" --direct=1 \
+      --rw="$2" --bs="$3" --iodepth="$4" --runtime="$RUNTIME" --time_based \
       --output-format=json 2>/dev/null >"$OUT/last.json"
 }
 
@@ -103,7 +107,7 @@ run_variant() { # name rw bs qd
 # iops bw_bytes ios, from the tool's JSON (outside the timed part; jq, not python,
 # whose start-up takes seconds on a loaded machine)
 parse() {
-  if [[ $1 == fio ]]; then
+  if [[ $1 == fio* ]]; then
     jq -r '.jobs[0].write | "\(.iops) \(.bw_bytes) \(.total_ios)"' "$OUT/last.json"
   else
     jq -r '"\(.iops) \(.bw_bytes) \(.ios)"' "$OUT/last.json"
@@ -118,7 +122,10 @@ for ((rep = 1; rep <= REPS; rep++)); do
       tool=${tools[$(((i + rep - 1) % ntools))]}
       read -r load _ </proc/loadavg
       if [[ $tool == fio ]]; then
-        { time run_fio "$rw" "$bs" "$qd"; } 2>"$OUT/last.time"
+        { time run_fio io_uring "$rw" "$bs" "$qd"; } 2>"$OUT/last.time"
+      elif [[ $tool == fio-psync ]]; then
+        # a synchronous engine has one request in flight whatever the queue depth
+        { time run_fio psync "$rw" "$bs" 1; } 2>"$OUT/last.time"
       else
         { time run_variant "$tool" "$rw" "$bs" "$qd"; } 2>"$OUT/last.time"
       fi
@@ -146,7 +153,7 @@ for line in open(path):
 print(f"\n{reps} repetitions x {runtime} s per run, on {target}{pinned}; "
       f"1-min load average at the start of each run: {min(loads):.1f}-{max(loads):.1f} "
       f"(median {st.median(loads):.1f})\n")
-variants = [t for t in tools if t != "fio"]
+variants = [t for t in tools if not t.startswith("fio")]
 ref = "legacy" if "legacy" in variants else None
 head = "| workload | tool | IOPS (median) | MiB/s (median) | ratio to fio (median of per-rep ratios) [min, max] |"
 sep = "|---|---|---:|---:|---:|"

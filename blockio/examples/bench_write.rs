@@ -22,8 +22,8 @@
 //!
 //! `--setup` picks the [`RingSetup`], `--submit` the [`SubmitMode`], and `--spin-us`
 //! sets [`Options::spin_before_wait`] in microseconds. With none of these the driver runs the library's defaults.
-//! `--legacy` is the setting every earlier measurement used (cooperative, single
-//! issuer, batch refill, no spin), kept as a named peer for A/B runs.
+//! `--legacy` is the setting every earlier measurement used (io_uring, cooperative,
+//! single issuer, batch refill, no spin), kept as a named peer for A/B runs.
 //! Random offsets are uniform over the `bs`-aligned blocks of the first `size` bytes
 //! (default: the whole file/device).
 
@@ -100,6 +100,7 @@ fn parse() -> Result<Args, String> {
                 }
             }
             "--legacy" => {
+                a.engine = EngineKind::IoUring;
                 a.setup = Some(RingSetup::Cooperative);
                 a.spin = Some(Duration::ZERO);
                 a.submit = Some(SubmitMode::WithWait);

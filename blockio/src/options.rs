@@ -10,7 +10,12 @@ use crate::probe::FenceProbe;
 pub enum EngineKind {
     /// io_uring if the kernel lets this process use it, else the synchronous engine
     /// (the choice is logged and reported by
-    /// [`DirectWriter::engine`](crate::DirectWriter::engine)).
+    /// [`DirectWriter::engine`](crate::DirectWriter::engine)). One exception: a file
+    /// on tmpfs with a queue depth below [`SubmitMode::AUTO_SEPARATE_MIN_QD`] gets the
+    /// synchronous engine. io_uring cannot write tmpfs without handing every request
+    /// to a worker thread, and with so few requests in flight that hand-off (two
+    /// wake-ups per write) is the whole cost: on a 2-vCPU machine `pwrite` made ~4×
+    /// the IOPS of io_uring at queue depth 1 (benches/README.md, "blockio vs fio").
     #[default]
     Auto,
     /// io_uring only: opening fails if it is unavailable.

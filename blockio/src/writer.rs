@@ -135,6 +135,16 @@ impl DirectWriter {
         let engine = match options.engine {
             EngineKind::Sync => sync(dup()?),
             EngineKind::IoUring => Engine::Ring(Box::new(Ring::new(dup()?, ring_cfg)?)),
+            EngineKind::Auto
+                if geometry.tmpfs && queue_depth < SubmitMode::AUTO_SEPARATE_MIN_QD =>
+            {
+                tracing::debug!(
+                    path = %path.display(),
+                    queue_depth,
+                    "blockio: tmpfs at a shallow queue: the synchronous engine (io_uring would hand every write to a worker thread)"
+                );
+                sync(dup()?)
+            }
             EngineKind::Auto => match Ring::new(dup()?, ring_cfg) {
                 Ok(r) => Engine::Ring(Box::new(r)),
                 Err(e @ (Error::Ring { .. } | Error::Unsupported { .. })) => {
@@ -710,6 +720,15 @@ mod tests {
             Some(SubmitMode::WithWait)
         );
         assert_eq!(open(&path, EngineKind::Sync).submit_mode(), None);
+        // Auto keeps io_uring on a disk file system at any queue depth.
+        for qd in [1, 32] {
+            let w = DirectWriter::open(
+                &path,
+                Options::default().engine(EngineKind::Auto).queue_depth(qd),
+            )
+            .expect("open");
+            assert_eq!(w.engine(), EngineKind::IoUring, "queue depth {qd}");
+        }
         match tempfile::tempdir_in("/dev/shm") {
             Ok(shm) => {
                 let p = shm.path().join("dev.img");
@@ -720,6 +739,25 @@ mod tests {
                     Ok(w) => {
                         assert_eq!(w.ring_setup(), Some(RingSetup::Cooperative));
                         assert_eq!(w.submit_mode(), Some(SubmitMode::Separate));
+                        drop(w);
+                        // Auto: the synchronous engine below queue depth 8 on tmpfs
+                        // (not a fallback), io_uring from 8 on.
+                        let auto = |qd| {
+                            DirectWriter::open(
+                                &p,
+                                Options::default().engine(EngineKind::Auto).queue_depth(qd),
+                            )
+                            .expect("open on tmpfs")
+                        };
+                        let w = auto(SubmitMode::AUTO_SEPARATE_MIN_QD - 1);
+                        assert_eq!(w.engine(), EngineKind::Sync);
+                        assert!(w.fallback_reason().is_none());
+                        assert_eq!(w.ring_setup(), None);
+                        assert_eq!(
+                            auto(SubmitMode::AUTO_SEPARATE_MIN_QD).engine(),
+                            EngineKind::IoUring
+                        );
+                        assert_eq!(auto(32).engine(), EngineKind::IoUring);
                     }
                     Err(Error::DirectIoUnsupported { .. }) => {
                         eprintln!("SKIPPED the tmpfs case: no O_DIRECT on tmpfs here")
