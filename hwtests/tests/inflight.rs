@@ -176,8 +176,13 @@ fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
             while tag < MAX_WRITES {
                 let Some(mut buf) = free.pop() else { break };
                 fill(&mut buf, tag);
+                // The instant before this request may reach the kernel: an eager
+                // submission (blockio's default on a block device from queue depth 8)
+                // hands it over inside `submit_write`, a batched one at `submit` below.
+                let t = Instant::now();
                 match wa.submit_write(buf, offset(tag), tag) {
                     Ok(()) => {
+                        submitted_at.push(t);
                         tag += 1;
                         queued += 1;
                     }
@@ -192,9 +197,6 @@ fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
                     }
                 }
             }
-            // The instant before these requests reach the kernel.
-            let t = Instant::now();
-            submitted_at.resize(tag as usize, t);
             if queued > 0 {
                 wa.submit().expect("submit");
             }
@@ -253,6 +255,7 @@ fn preempt_and_abort_in_flight(with_probe: bool) -> usize {
             Err(e @ blockio::Error::Io { source, .. })
                 if !with_probe
                     && source.raw_os_error() == Some(libc::EIO)
+                    // It may have reached the kernel before the preempt completed.
                     && submitted_at[c.tag as usize] <= preempt_done =>
             {
                 assert!(e.may_be_fenced(), "{e:?}");
