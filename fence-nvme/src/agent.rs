@@ -223,16 +223,18 @@ pub fn is_registered(
 /// `status` on one device: whether the host with `key` may still write there, by the
 /// evidence rule ([`nvme_resv::report::cut_off`]): its key registered, or absent with
 /// no reservation held that denies it. An absent key alone is not "off".
-pub fn may_write(
-    dev: &dyn Reservations,
-    path: &Path,
-    key: Key,
-) -> Result<(bool, String), Error> {
+pub fn may_write(dev: &dyn Reservations, path: &Path, key: Key) -> Result<(bool, String), Error> {
     let st = dev.report().map_err(cmd(path, "Reservation Report"))?;
     Ok(match nvme_resv::report::cut_off(&st, key) {
         Ok(_) => (false, describe(&st)),
         Err(NotCutOff::VictimRegistered(_)) => (true, describe(&st)),
-        Err(why) => (true, format!("{} (key {key} absent but not cut off: {why})", describe(&st))),
+        Err(why) => (
+            true,
+            format!(
+                "{} (key {key} absent but not cut off: {why})",
+                describe(&st)
+            ),
+        ),
     })
 }
 
@@ -819,11 +821,17 @@ mod tests {
         c.unfence_all();
         release_all(&c);
         // No reservation: the victim's absent key would not be "off".
-        let st = c.run('b', "action=status
-plug=nc");
+        let st = c.run(
+            'b',
+            "action=status
+plug=nc",
+        );
         assert_eq!(st.code, 0, "{st}");
-        let o = c.run('b', "action=off
-plug=nc");
+        let o = c.run(
+            'b',
+            "action=off
+plug=nc",
+        );
         assert_eq!(o.code, 0, "{o}");
         assert_eq!(
             o.stderr
@@ -842,8 +850,15 @@ plug=nc");
                 "Success printed while the victim writes: {o}"
             );
         }
-        assert_eq!(c.run('a', "action=status
-plug=nc").code, 2);
+        assert_eq!(
+            c.run(
+                'a',
+                "action=status
+plug=nc"
+            )
+            .code,
+            2
+        );
     }
 
     #[test]
@@ -851,9 +866,15 @@ plug=nc").code, 2);
         let c = Cluster::new();
         c.unfence_all();
         release_all(&c);
-        c.ns[1].fail_next(Operation::Acquire, NvmeStatus::RESERVATION_CONFLICT.with_dnr());
-        let o = c.run('b', "action=off
-plug=nc");
+        c.ns[1].fail_next(
+            Operation::Acquire,
+            NvmeStatus::RESERVATION_CONFLICT.with_dnr(),
+        );
+        let o = c.run(
+            'b',
+            "action=off
+plug=nc",
+        );
         assert_eq!(o.code, 1, "{o}");
         assert!(o.stdout.is_empty(), "{o}");
         assert!(

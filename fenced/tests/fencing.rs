@@ -651,10 +651,7 @@ async fn a_claim_won_after_many_refusals_has_its_ttl_left() {
     }
     store.client().delete(member, None).await.unwrap();
     let r = store.claim(&victim, "c1", guard).await.unwrap();
-    assert!(
-        matches!(r, fenced::core::ClaimOutcome::Won { .. }),
-        "{r:?}"
-    );
+    assert!(matches!(r, fenced::core::ClaimOutcome::Won { .. }), "{r:?}");
     let got = store
         .client()
         .get(store.keys().claim(&n), None)
@@ -662,7 +659,9 @@ async fn a_claim_won_after_many_refusals_has_its_ttl_left() {
         .unwrap();
     let lease = got.kvs().first().expect("no claim").lease();
     let left = store.lease_ttl(lease).await.unwrap();
-    eprintln!("claim won after {refused} refused claims over 3 s: its lease has {left} s of {ttl:?} left");
+    eprintln!(
+        "claim won after {refused} refused claims over 3 s: its lease has {left} s of {ttl:?} left"
+    );
     assert!(
         left >= i64::try_from((ttl / 2).as_secs()).unwrap(),
         "the won claim's lease has {left} s left of {ttl:?}: the sever that check_claim_age allows (up to TTL/2 after the claim) could outlive it"

@@ -805,7 +805,9 @@ fn a_fence_confirmed_with_no_reservation_held_is_caught() {
         ..NONE
     };
     let steps = find(cfg(before, budget), I1_ARENA).expect("I1 must be violated");
-    let released = steps.iter().position(|s| s.contains("reservation released"));
+    let released = steps
+        .iter()
+        .position(|s| s.contains("reservation released"));
     let verified = steps.iter().position(|s| s.contains("[verify]"));
     assert!(released.is_some() && released < verified, "{steps:?}");
     // The fix, same budget: every property holds, and fences still complete.

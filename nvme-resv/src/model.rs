@@ -758,7 +758,10 @@ mod tests {
         assert!(!st.is_registered(KB) && st.is_registered(KA));
         // ...while the victim still writes.
         assert!(allowed(&b, Access::Write));
-        assert_eq!(fence_evidence(&st, KB, KA), Err(NotCutOff::NoReservation(KB)));
+        assert_eq!(
+            fence_evidence(&st, KB, KA),
+            Err(NotCutOff::NoReservation(KB))
+        );
 
         // The fix: with no reservation held, acquire it (we are a registrant), then
         // preempt, then verify.

@@ -220,7 +220,9 @@ pub enum NotCutOff {
     )]
     NoReservation(Key),
     /// The report names a reservation type outside the six.
-    #[error("the report names reservation type {0}, not one of the six: it cannot be taken as denying key {1}")]
+    #[error(
+        "the report names reservation type {0}, not one of the six: it cannot be taken as denying key {1}"
+    )]
     UnknownType(ReservationType, Key),
     /// A Write Exclusive or Exclusive Access reservation held by the victim's key:
     /// the holder may always write.
@@ -604,7 +606,10 @@ mod tests {
             fence_evidence(&none, victim, own),
             Err(NotCutOff::NoReservation(victim))
         );
-        assert_eq!(cut_off(&none, victim), Err(NotCutOff::NoReservation(victim)));
+        assert_eq!(
+            cut_off(&none, victim),
+            Err(NotCutOff::NoReservation(victim))
+        );
         assert!(
             NotCutOff::NoReservation(victim)
                 .to_string()

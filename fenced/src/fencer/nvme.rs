@@ -182,7 +182,11 @@ impl NvmeFencer {
             .acquire(&Acquire::acquire(self.own_key, RESERVATION_TYPE))
         {
             Ok(()) => {
-                tracing::warn!(step = "sever", key = format_args!("{:#x}", self.own_key.0), "no reservation was held on the shared namespace (every host could write): acquired {RESERVATION_TYPE} before the preempt");
+                tracing::warn!(
+                    step = "sever",
+                    key = format_args!("{:#x}", self.own_key.0),
+                    "no reservation was held on the shared namespace (every host could write): acquired {RESERVATION_TYPE} before the preempt"
+                );
                 Ok(true)
             }
             // A peer may have acquired it between our report and our acquire.
@@ -228,23 +232,23 @@ impl NvmeFencer {
             Ok(cut) => cut,
             Err(NotCutOff::VictimRegistered(_)) => {
                 return Err(match answer {
-                Err(source) => FenceError::at(
-                    FenceStep::Sever,
-                    FenceCause::Preempt {
-                        racqa,
-                        key: victim_key,
-                        source,
-                    },
-                ),
-                Ok(()) => FenceError::at(
-                    FenceStep::Verify,
-                    FenceCause::KeyStillRegistered {
-                        racqa,
-                        key: victim_key,
-                        generation: report.generation,
-                    },
-                ),
-            });
+                    Err(source) => FenceError::at(
+                        FenceStep::Sever,
+                        FenceCause::Preempt {
+                            racqa,
+                            key: victim_key,
+                            source,
+                        },
+                    ),
+                    Ok(()) => FenceError::at(
+                        FenceStep::Verify,
+                        FenceCause::KeyStillRegistered {
+                            racqa,
+                            key: victim_key,
+                            generation: report.generation,
+                        },
+                    ),
+                });
             }
             // We sever others only as a registrant: if our own key is gone we were
             // fenced ourselves, and our word is worth nothing.
@@ -284,9 +288,7 @@ impl NvmeFencer {
                 report.generation,
                 report.registrants.len(),
                 cut.rtype,
-                cut.holder
-                    .map(|k| format!(" by {k}"))
-                    .unwrap_or_default(),
+                cut.holder.map(|k| format!(" by {k}")).unwrap_or_default(),
                 if acquired {
                     " (none was held: acquired before the preempt)"
                 } else {
@@ -565,7 +567,11 @@ mod tests {
 
     /// Hosts a and b registered on the model, b acquired the reservation and then
     /// released it (issue 26: `nvme resv-release`): no reservation, both registered.
-    fn model_released() -> (nvme_resv::model::Namespace, nvme_resv::model::Host, nvme_resv::model::Host) {
+    fn model_released() -> (
+        nvme_resv::model::Namespace,
+        nvme_resv::model::Host,
+        nvme_resv::model::Host,
+    ) {
         let ns = nvme_resv::model::Namespace::new();
         let (a, b) = (ns.host(HostId([0xa; 16])), ns.host(HostId([0xb; 16])));
         a.register(&Register::register(key_of("a"))).unwrap();

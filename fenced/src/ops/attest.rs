@@ -606,7 +606,10 @@ mod tests {
         )
         .await
         .unwrap_err();
-        let AttestError::WrongNamespace { expected, found, .. } = &e else {
+        let AttestError::WrongNamespace {
+            expected, found, ..
+        } = &e
+        else {
             panic!("{e:?}")
         };
         assert_eq!((expected, found), (&identity(1), &identity(2)));
@@ -615,7 +618,11 @@ mod tests {
             msg.contains(&identity(1).to_string()) && msg.contains(&identity(2).to_string()),
             "{msg}"
         );
-        assert_eq!(other.snapshot().generation, 1, "a command changed the device");
+        assert_eq!(
+            other.snapshot().generation,
+            1,
+            "a command changed the device"
+        );
         let e = checked_fencer(
             Arc::new(h1),
             path.clone(),
@@ -643,7 +650,11 @@ mod tests {
         .await
         .unwrap();
         assert!(f.fence(&n2()).await.unwrap().severed);
-        assert!(!shared.snapshot().is_registered(nvme_resv::key_for_node("n2")));
+        assert!(
+            !shared
+                .snapshot()
+                .is_registered(nvme_resv::key_for_node("n2"))
+        );
     }
 
     #[tokio::test]

@@ -577,7 +577,10 @@ impl fmt::Display for Action {
             Self::Crash(c) => write!(f, "c{c}: crash"),
             Self::Restart(c) => write!(f, "c{c}: restart"),
             Self::ReservationReleased => {
-                write!(f, "device: reservation released (every key stays registered)")
+                write!(
+                    f,
+                    "device: reservation released (every key stays registered)"
+                )
             }
             Self::DeviceCheckAcquire(n) => {
                 write!(f, "n{n}: device check: no reservation held, acquire it")
