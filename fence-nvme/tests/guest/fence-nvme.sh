@@ -165,13 +165,13 @@ for d in $C1 $C3; do write_direct "$d" || fail "C cannot write $d with no reserv
 agent A off nc
 expect_rc 0 "off nc with the reservation released"
 expect_out "Success: Powered OFF" "off nc with the reservation released"
-[ "$(grep -c 'acquired before the preempt' /tmp/out)" = 2 ] || fail "off nc: the reservation was not acquired on both devices"
 for d in $C1 $C3; do
   if write_direct "$d"; then fail "fence_nvme confirmed the fence of nc but C still writes $d (no reservation held)"; fi
   grep -q "Invalid exchange" /tmp/dd || fail "C's write to $d failed, but not with EBADE: $(cat /tmp/dd)"
   say "C's O_DIRECT write to $d after the fence: $(tr '\n' ' ' </tmp/dd)"
   [ "$(rtype_on "$d")" = 5 ] || fail "$d holds rtype '$(rtype_on "$d")' after the fence, expected 5"
 done
+[ "$(grep -c 'acquired before the preempt' /tmp/out)" = 2 ] || fail "off nc: the reservation was not acquired on both devices"
 agent B status nc
 expect_rc 2 "status nc after the fence with the reservation released"
 say "final reports: $A1: $(keys_on $A1); $A3: $(keys_on $A3)"
