@@ -159,7 +159,9 @@ async fn a_start_that_loses_its_membership_after_registering_unregisters() {
         .await
         .expect("start hung")
         .unwrap();
-    let e = r.err().expect("the start succeeded without its membership");
+    let Err(e) = r else {
+        panic!("the start succeeded without its membership")
+    };
     assert!(e.to_string().contains("lost during start-up"), "{e}");
     assert!(
         !registered(&c.host("n1"), "n1"),
