@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use nvme_resv::report::{NotCutOff, fence_evidence};
 use nvme_resv::{
     Acquire, Key, Namespace, Register, ReservationStatus, ReservationType, Reservations,
 };
@@ -112,9 +113,12 @@ pub fn unfence(
     ))
 }
 
-/// `off` on one device: refuse unless our own key is registered; preempt-and-abort the
-/// victim's key if the report lists it; re-read the report and require the victim gone
-/// and ourselves still registered.
+/// `off` on one device: refuse unless our own key is registered; when no reservation
+/// is held, acquire it first with our key (a preempt without one only unregisters the
+/// key: every host may still write); preempt-and-abort the victim's key if the report
+/// lists it; re-read the report and require it to be evidence
+/// ([`nvme_resv::report::fence_evidence`]: the victim gone, ourselves still
+/// registered, a reservation held that denies the victim).
 pub fn sever(
     dev: &dyn Reservations,
     path: &Path,
@@ -130,46 +134,108 @@ pub fn sever(
             report: describe(&before),
         });
     }
+    let mut acquired = false;
+    if before.rtype == ReservationType::NONE {
+        if let Err(e) = dev.acquire(&Acquire::acquire(own, rtype)) {
+            // Another node may have created it between our report and our acquire.
+            let again = dev.report().map_err(cmd(path, "Reservation Report"))?;
+            if again.rtype == ReservationType::NONE {
+                return Err(Error::NoReservation {
+                    path: path.to_path_buf(),
+                    own,
+                    victim,
+                    rtype,
+                    answer: chain(&e),
+                    report: describe(&again),
+                });
+            }
+        } else {
+            acquired = true;
+        }
+    }
     let preempt = registered(&before, victim)
         .then(|| dev.acquire(&Acquire::preempt_and_abort(own, victim, rtype)));
     let after = dev
         .report()
         .map_err(cmd(path, "Reservation Report (re-read after the preempt)"))?;
-    if registered(&after, victim) {
-        return Err(Error::StillRegistered {
-            path: path.to_path_buf(),
-            victim,
-            preempt: match &preempt {
-                Some(Ok(())) => "the device reported success".to_owned(),
-                Some(Err(e)) => format!("the device answered: {}", chain(e)),
-                None => "not sent: the key was absent from the first report".to_owned(),
-            },
-            report: describe(&after),
-        });
-    }
-    if !registered(&after, own) {
-        return Err(Error::OwnKeyMissing {
-            path: path.to_path_buf(),
-            own,
-            report: describe(&after),
-        });
-    }
+    let cut = match fence_evidence(&after, victim, own) {
+        Ok(cut) => cut,
+        Err(NotCutOff::VictimRegistered(_)) => {
+            return Err(Error::StillRegistered {
+                path: path.to_path_buf(),
+                victim,
+                preempt: match &preempt {
+                    Some(Ok(())) => "the device reported success".to_owned(),
+                    Some(Err(e)) => format!("the device answered: {}", chain(e)),
+                    None => "not sent: the key was absent from the first report".to_owned(),
+                },
+                report: describe(&after),
+            });
+        }
+        Err(NotCutOff::OwnKeyAbsent(_)) => {
+            return Err(Error::OwnKeyMissing {
+                path: path.to_path_buf(),
+                own,
+                report: describe(&after),
+            });
+        }
+        Err(why) => {
+            return Err(Error::NotCutOff {
+                path: path.to_path_buf(),
+                victim,
+                why,
+                report: describe(&after),
+            });
+        }
+    };
     let how = match preempt {
         Some(Ok(())) => "removed by preempt-and-abort".to_owned(),
         Some(Err(e)) => format!("gone (the preempt answered: {})", chain(&e)),
         None => "already absent".to_owned(),
     };
-    Ok(format!("key {victim} {how}; {}", describe(&after)))
+    Ok(format!(
+        "key {victim} {how}; reservation {} held{}; {}",
+        cut.rtype,
+        if acquired {
+            " (none was held: acquired before the preempt)"
+        } else {
+            ""
+        },
+        describe(&after)
+    ))
 }
 
-/// `status` on one device: whether `key` is registered.
+/// Whether `key` is registered on one device, with the report described; a report
+/// without a reservation says so (with none, every host may write).
 pub fn is_registered(
     dev: &dyn Reservations,
     path: &Path,
     key: Key,
 ) -> Result<(bool, String), Error> {
     let st = dev.report().map_err(cmd(path, "Reservation Report"))?;
-    Ok((registered(&st, key), describe(&st)))
+    let mut report = describe(&st);
+    if st.rtype == ReservationType::NONE {
+        report.push_str(" (no reservation held: every host may write, registered or not)");
+    }
+    Ok((registered(&st, key), report))
+}
+
+/// `status` on one device: whether the host with `key` may still write there, by the
+/// evidence rule ([`nvme_resv::report::cut_off`]): its key registered, or absent with
+/// no reservation held that denies it. An absent key alone is not "off".
+pub fn may_write(dev: &dyn Reservations, path: &Path, key: Key) -> Result<(bool, String), Error> {
+    let st = dev.report().map_err(cmd(path, "Reservation Report"))?;
+    Ok(match nvme_resv::report::cut_off(&st, key) {
+        Ok(_) => (false, describe(&st)),
+        Err(NotCutOff::VictimRegistered(_)) => (true, describe(&st)),
+        Err(why) => (
+            true,
+            format!(
+                "{} (key {key} absent but not cut off: {why})",
+                describe(&st)
+            ),
+        ),
+    })
 }
 
 type Work<T> = dyn Fn(&dyn Reservations, &Path) -> Result<T, Error> + Send + Sync;
@@ -406,14 +472,14 @@ fn status(s: &Settings, opener: &Arc<dyn Opener>, mut out: Outcome) -> Outcome {
         opener,
         &s.devices,
         s.power_timeout,
-        Arc::new(move |dev: &dyn Reservations, p: &Path| is_registered(dev, p, key)),
+        Arc::new(move |dev: &dyn Reservations, p: &Path| may_write(dev, p, key)),
     );
     let (mut on, mut off, mut failed) = (Vec::new(), Vec::new(), Vec::new());
     for (p, r) in results {
         let name = p.display().to_string();
         match r {
             Ok((yes, report)) => {
-                if s.verbose {
+                if s.verbose || report.contains("not cut off") {
                     out.info(s, format!("{name}: {report}"));
                 }
                 if yes { on.push(name) } else { off.push(name) }
@@ -544,7 +610,14 @@ pub fn check(state_file: &Path, opener: &Arc<dyn Opener>, timeout: Duration) -> 
     let (mut gone, mut unreadable) = (Vec::new(), Vec::new());
     for (p, r) in results {
         match r {
-            Ok((true, _)) => {}
+            Ok((true, report)) => {
+                if report.contains("no reservation held") {
+                    out.stderr.push(format!(
+                        "fence_nvme_check: {}: warning: {report}: a fence of any node on this device cuts nothing until a reservation is acquired (`fence_nvme -o on` or a fence acquires one)",
+                        p.display()
+                    ));
+                }
+            }
             Ok((false, report)) => {
                 out.stderr.push(format!(
                     "fence_nvme_check: {}: this node's key {key} is gone ({report}): this node was fenced",
@@ -726,6 +799,97 @@ mod tests {
             "{o}"
         );
         assert_eq!(c.ns[0].snapshot().generation, generation);
+    }
+
+    /// Releases the reservation on both namespaces (host A holds the record: it
+    /// created it), every host staying registered: issue 26's `nvme resv-release`.
+    fn release_all(c: &Cluster) {
+        for ns in &c.ns {
+            ns.host(HostId([b'a'; 16]))
+                .release(&nvme_resv::Release::release(
+                    k("na"),
+                    ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS,
+                ))
+                .unwrap();
+            assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+        }
+    }
+
+    #[test]
+    fn off_with_the_reservation_released_acquires_it_and_cuts_the_victim_off() {
+        let c = Cluster::new();
+        c.unfence_all();
+        release_all(&c);
+        // No reservation: the victim's absent key would not be "off".
+        let st = c.run(
+            'b',
+            "action=status
+plug=nc",
+        );
+        assert_eq!(st.code, 0, "{st}");
+        let o = c.run(
+            'b',
+            "action=off
+plug=nc",
+        );
+        assert_eq!(o.code, 0, "{o}");
+        assert_eq!(
+            o.stderr
+                .iter()
+                .filter(|l| l.contains("acquired before the preempt"))
+                .count(),
+            2,
+            "{o}"
+        );
+        for ns in &c.ns {
+            assert!(
+                ns.host(HostId([b'c'; 16]))
+                    .check(Access::Write)
+                    .unwrap_err()
+                    .is_reservation_conflict(),
+                "Success printed while the victim writes: {o}"
+            );
+        }
+        assert_eq!(
+            c.run(
+                'a',
+                "action=status
+plug=nc"
+            )
+            .code,
+            2
+        );
+    }
+
+    #[test]
+    fn off_with_no_reservation_to_be_had_fails_loudly() {
+        let c = Cluster::new();
+        c.unfence_all();
+        release_all(&c);
+        c.ns[1].fail_next(
+            Operation::Acquire,
+            NvmeStatus::RESERVATION_CONFLICT.with_dnr(),
+        );
+        let o = c.run(
+            'b',
+            "action=off
+plug=nc",
+        );
+        assert_eq!(o.code, 1, "{o}");
+        assert!(o.stdout.is_empty(), "{o}");
+        assert!(
+            o.to_string().contains("/dev/b2: no reservation is held")
+                && o.to_string().contains("not confirmed on 1 of 2"),
+            "{o}"
+        );
+        // The check companion warns on the device without a reservation.
+        let chk = check(
+            &c.dir.path().join("b.state"),
+            &c.opener('b'),
+            Duration::from_secs(5),
+        );
+        assert_eq!(chk.code, 0, "{chk}");
+        assert!(chk.to_string().contains("/dev/b2: warning"), "{chk}");
     }
 
     #[test]

@@ -160,6 +160,41 @@ pub enum Error {
         /// The report that still lists it.
         report: String,
     },
+    /// `off`: no reservation is held on the device (with none every host may write, so
+    /// a preempt cuts nothing) and acquiring one with our key failed.
+    #[error(
+        "{}: no reservation is held (with none every host may write, so removing key {victim} \
+         would cut nothing) and acquiring {rtype} with this node's key {own} failed: {answer}; \
+         {report}; not fenced",
+        path.display()
+    )]
+    NoReservation {
+        /// The device.
+        path: PathBuf,
+        /// Our key.
+        own: Key,
+        /// The victim's key.
+        victim: Key,
+        /// The type asked for.
+        rtype: nvme_resv::ReservationType,
+        /// What the acquire answered.
+        answer: String,
+        /// The report.
+        report: String,
+    },
+    /// `off`: the report after the preempt is no evidence that the victim is cut off
+    /// (the evidence rule, `nvme_resv::report::fence_evidence`).
+    #[error("{}: key {victim} is not cut off: {why}; {report}; not fenced", path.display())]
+    NotCutOff {
+        /// The device.
+        path: PathBuf,
+        /// The victim's key.
+        victim: Key,
+        /// Why the report is not evidence.
+        why: nvme_resv::report::NotCutOff,
+        /// The report.
+        report: String,
+    },
     /// This node's own key is not registered: it cannot fence through this device
     /// (the device would refuse) and its word about the device is worth nothing.
     #[error(

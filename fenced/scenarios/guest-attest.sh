@@ -12,6 +12,10 @@
 #      report; a write from host B is refused by the device; generation 0 -> 1; the
 #      audit record names operator+nvme, the reason verbatim and the device evidence;
 #      n2's arena returns to the free pool in the same transaction
+#      (issue 26) before it, n2's host B releases the reservation: both keys stay
+#      registered, no reservation, B writes; a preempt alone would cut nothing, so the
+#      attest acquires the reservation first and the audit's evidence says so (before
+#      the fix: confirmed while host B kept writing)
 #   6. a second attest: "already fenced at generation 1", nothing written
 # Run from the host:
 #   fenced/scenarios/run-guest-scenario.sh guest-attest.sh
@@ -84,6 +88,15 @@ report "$A" | grep -q "${K2#0x}" || die "a refused attest changed the device"
 [ "$(gen_of n2)" = 0 ] || die "n2's generation moved: $(gen_of n2)"
 say "refusals wrote nothing (revision $R0, n2's key still registered)"
 
+# Issue 26: the reservation released (`nvme resv-release` by its holder, n2's host B),
+# both keys still registered: with no reservation every host may write.
+nvme-resv release "$B" --crkey "$K2" --rtype 5 >/dev/null || die "releasing the reservation through host B failed"
+report "$A"
+report "$A" | grep -q "${K2#0x}" || die "n2's key vanished with the release"
+[ "$(nvme resv-report "$A" --eds 2>/dev/null | sed -n 's/^rtype *: *//p')" = 0 ] || die "a reservation is still held after the release"
+fenced probe --block-device "$B" >/dev/null || die "host B could not write with no reservation held"
+say "reservation released: both keys registered, host B writes"
+
 attest --node-id n2 --block-device "$A" --own-node-id n1 >/tmp/o 2>&1 || { cat /tmp/o; die "attest failed"; }
 cat /tmp/o
 grep -q "fenced n2: generation now 1" /tmp/o || die "no confirmation line"
@@ -99,6 +112,7 @@ echo "$AUD"
 echo "$AUD" | grep -q '"fencer":"operator+nvme"' || die "audit record does not name operator+nvme"
 echo "$AUD" | grep -q "attested by alice: n2's host powered off at the PDU, ticket 7" || die "reason not verbatim in the audit record"
 echo "$AUD" | grep -q "absent from report" || die "no device evidence in the audit record"
+echo "$AUD" | grep -q "acquired before the preempt" || die "the audit's evidence does not say the reservation was acquired"
 echo "$AUD" | grep -q '"arenas_released":\["a[12]"\]' || die "n2's arena was not released with the confirmed fence"
 [ -z "$(ectl get --prefix $ROOT/arena_node/n2/ --keys-only)" ] || die "n2 still owns an arena"
 

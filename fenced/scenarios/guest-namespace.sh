@@ -10,6 +10,11 @@
 #      the check existed would have joined, then put back) and is the only controller
 #      when n2 dies. Every attempt fails at sever naming both identities; n2's fence
 #      stays owed, unbumped, audited; n2's key stays registered on nsid 1.
+#   3b. (issue 26, hole 2) n3 is SIGKILLed (its key stays registered on nsid 3) and an
+#      operator runs `fenced attest --node-id n2 --block-device <nsid 3> --own-node-id
+#      n3`: refused before anything is written, both identities named; n2 stays owed at
+#      generation 0 (before the fix: "fenced n2: generation now 1" while n2's key was
+#      never on nsid 3).
 #   4. n1 joins again on nsid 1: its controller completes the owed fence, once.
 # Run from the host with fenced/scenarios/run-guest-namespace.sh.
 set -u
@@ -120,6 +125,29 @@ row_of n2 | grep -q 'OWED' || die "n2's fence is not owed: $(row_of n2)"
 grep -q 'node fenced' /tmp/n3b.log && die "n3's controller fenced someone"
 nvme-resv report "$A" | grep -q "${K2#0x}" || die "n2's key left nsid 1 although nobody preempted it there"
 say "PASS: the controller on nsid 3 refused $(refusals) times; n2 owed, generation 0, its key still on nsid 1"
+
+# 3b. `fenced attest --block-device` on the other namespace is refused like the
+#     controller (issue 26, hole 2). n3 is killed first (its key stays on nsid 3), so no
+#     controller runs; a claim of n3's last attempt may linger: retry while "being fenced".
+kill -KILL "$PID3"; wait "$PID3" 2>/dev/null
+n3gone() { ! members | grep -q n3; }
+until_ 60 "n3's membership to expire" n3gone
+nvme-resv report "$C3" | grep -q "${K3#0x}" || die "n3's key left nsid 3"
+REV0=$(etcdctl --endpoints $EP get / -w json | sed -n 's/.*"revision":\([0-9]*\).*/\1/p')
+attest_other() {
+  fenced attest --etcd-endpoints $EP --root $ROOT --operator alice --reason "n2 powered off" \
+    --node-id n2 --block-device "$C3" --own-node-id n3 >/tmp/attest.out 2>&1; arc=$?
+  cat /tmp/attest.out
+  [ $arc = 0 ] && die "attest on nsid 3 succeeded"
+  grep -q "generation now" /tmp/attest.out && die "attest on nsid 3 bumped n2"
+  grep -q "not the cluster's shared namespace" /tmp/attest.out
+}
+until_ 60 "attest on nsid 3 to be refused for the namespace" attest_other
+grep "not the cluster's shared namespace" /tmp/attest.out | grep -q "$N1" || die "the attest refusal does not name the recorded NGUID $N1"
+grep "not the cluster's shared namespace" /tmp/attest.out | grep -q "$N3" || die "the attest refusal does not name nsid 3's NGUID $N3"
+[ "$(gen_of n2)" = 0 ] || die "n2 was bumped by the attest on nsid 3 (generation $(gen_of n2))"
+nvme-resv report "$A" | grep -q "${K2#0x}" || die "n2's key left nsid 1"
+say "PASS: attest --block-device $C3 refused, both identities named; n2 owed at generation 0 (etcd revision $REV0 before)"
 
 # 4. A controller on the shared namespace completes it.
 run_node n1 "$A" /tmp/n1.log; PID1=$PID

@@ -612,3 +612,58 @@ async fn an_expired_node_can_neither_return_nor_adopt_arenas() {
         "an expired node adopted arenas"
     );
 }
+
+/// Issue 26, hole 3: a claim lease that was not won is kept as the spare with its real
+/// age. Before, each refused claim restamped it as fresh, so after many refusals a won
+/// claim could carry a lease with seconds left while `check_claim_age` (which counts
+/// from the claim) still allowed the sever. Real etcd, claim TTL 4 s: claims refused
+/// for 3 s (the victim still a member), then won; the claim's lease must still have
+/// at least half its TTL (what `check_claim_age` lets the sever use).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_won_after_many_refusals_has_its_ttl_left() {
+    let c = Cluster::new();
+    let ttl = Duration::from_secs(4);
+    let store = fenced::store::EtcdStore::connect(&[c.etcd.endpoint()], &c.root, ttl)
+        .await
+        .unwrap();
+    let n = node("n9");
+    let victim = Victim {
+        node: n.clone(),
+        instance: "i-n9".into(),
+    };
+    let member = store.keys().membership(&n);
+    store
+        .client()
+        .put(member.clone(), "i-n9", None)
+        .await
+        .unwrap();
+    let guard = fenced::store::ClaimGuard::Watch { deleted_rev: 1 };
+    let t0 = std::time::Instant::now();
+    let mut refused = 0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        let r = store.claim(&victim, "c1", guard).await.unwrap();
+        assert!(
+            !matches!(r, fenced::core::ClaimOutcome::Won { .. }),
+            "claimed a member"
+        );
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    store.client().delete(member, None).await.unwrap();
+    let r = store.claim(&victim, "c1", guard).await.unwrap();
+    assert!(matches!(r, fenced::core::ClaimOutcome::Won { .. }), "{r:?}");
+    let got = store
+        .client()
+        .get(store.keys().claim(&n), None)
+        .await
+        .unwrap();
+    let lease = got.kvs().first().expect("no claim").lease();
+    let left = store.lease_ttl(lease).await.unwrap();
+    eprintln!(
+        "claim won after {refused} refused claims over 3 s: its lease has {left} s of {ttl:?} left"
+    );
+    assert!(
+        left >= i64::try_from((ttl / 2).as_secs()).unwrap(),
+        "the won claim's lease has {left} s left of {ttl:?}: the sever that check_claim_age allows (up to TTL/2 after the claim) could outlive it"
+    );
+}

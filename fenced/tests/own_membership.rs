@@ -94,3 +94,78 @@ async fn a_membership_deleted_and_created_again_by_someone_else_self_fences() {
     assert!(matches!(exit, AgentExit::SelfFenced { .. }), "{exit:?}");
     assert!(a.gate.is_fenced());
 }
+
+/// Forwards to a model host; the first report blocks until the test lets it go.
+#[derive(Debug)]
+struct FirstReportBlocks {
+    host: device::Host,
+    reached: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    go: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
+}
+
+impl nvme_resv::Reservations for FirstReportBlocks {
+    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
+        self.host.register(cmd)
+    }
+    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
+        self.host.acquire(cmd)
+    }
+    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
+        self.host.release(cmd)
+    }
+    fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
+        if let Some(reached) = self.reached.lock().unwrap().take() {
+            let _ = reached.send(());
+            if let Some(go) = self.go.lock().unwrap().take() {
+                let _ = go.recv_timeout(Duration::from_secs(20));
+            }
+        }
+        self.host.report()
+    }
+}
+
+/// Issue 26, hole 4: the membership is lost (its lease revoked) while `unfence` waits
+/// on the device; the key is then registered and `claim_arenas` finds the membership
+/// gone. The start fails, and the key must not stay on the device (the next start on
+/// this boot is refused, so nothing else would remove it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_that_loses_its_membership_after_registering_unregisters() {
+    let c = Cluster::new();
+    let store = c.store_with_arenas(&["a1"]).await;
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel();
+    let (go_tx, go_rx) = std::sync::mpsc::channel();
+    let dev = std::sync::Arc::new(FirstReportBlocks {
+        host: c.host("n1"),
+        reached: std::sync::Mutex::new(Some(reached_tx)),
+        go: std::sync::Mutex::new(Some(go_rx)),
+    });
+    let start = tokio::spawn(Agent::start(
+        c.store().await,
+        c.agent_cfg("n1", 1),
+        Some(dev),
+        key_of("n1"),
+    ));
+    // `unfence` checked the membership and now reads the report: revoke the lease.
+    tokio::task::spawn_blocking(move || reached_rx.recv_timeout(Duration::from_secs(20)))
+        .await
+        .unwrap()
+        .expect("unfence never read the report");
+    let key = store.keys().membership(&node("n1"));
+    let got = store.client().get(key.clone(), None).await.unwrap();
+    let lease = got.kvs().first().expect("n1 is a member").lease();
+    store.client().lease_revoke(lease).await.unwrap();
+    go_tx.send(()).unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(20), start)
+        .await
+        .expect("start hung")
+        .unwrap();
+    let Err(e) = r else {
+        panic!("the start succeeded without its membership")
+    };
+    assert!(e.to_string().contains("lost during start-up"), "{e}");
+    assert!(
+        !registered(&c.host("n1"), "n1"),
+        "the key stayed registered after the failed start: {:?}",
+        c.ns.snapshot()
+    );
+}

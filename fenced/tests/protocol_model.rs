@@ -137,6 +137,7 @@ const NONE: Budget = Budget {
     daemon_restarts: 0,
     reboots: 0,
     unfences: 0,
+    releases: 0,
 };
 
 fn cfg(protocol: Protocol, budget: Budget) -> Config {
@@ -786,4 +787,37 @@ fn a_leave_lets_the_next_start_register_only_if_it_registered() {
         &[S_HONOURED, S_LEFT_THEN_REGISTERED, S_REGISTER_REFUSED],
         (248_430, 993_954),
     );
+}
+
+/// Issue 26, hole 1: the reservation is released while every key stays registered (a
+/// holder's `nvme resv-release`). A preempt then only unregisters the victim's key;
+/// with no reservation the victim still writes. The code before issue 26 took "key
+/// gone" as the evidence and freed the victim's arena while it wrote it (I1). SAFE
+/// acquires the reservation before the preempt and confirms only with one held.
+#[test]
+fn a_fence_confirmed_with_no_reservation_held_is_caught() {
+    let before = Protocol {
+        fence_needs_reservation: false,
+        ..Protocol::SAFE
+    };
+    let budget = Budget {
+        releases: 1,
+        ..NONE
+    };
+    let steps = find(cfg(before, budget), I1_ARENA).expect("I1 must be violated");
+    let released = steps
+        .iter()
+        .position(|s| s.contains("reservation released"));
+    let verified = steps.iter().position(|s| s.contains("[verify]"));
+    assert!(released.is_some() && released < verified, "{steps:?}");
+    // The fix, same budget: every property holds, and fences still complete.
+    check(cfg(Protocol::SAFE, budget)).assert_safe(&[S_FENCED]);
+    // Also with a crash and a sever failure in the mix.
+    let more = Budget {
+        releases: 1,
+        crashes: 1,
+        sever_failures: 1,
+        ..NONE
+    };
+    assert!(find(cfg(Protocol::SAFE, more), I1_ARENA).is_none());
 }

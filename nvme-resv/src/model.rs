@@ -737,6 +737,47 @@ mod tests {
         ))));
     }
 
+    /// Issue 26, hole 1: after the holder releases (both hosts still registered), a
+    /// preempt only unregisters the victim's key and the victim still writes; the
+    /// evidence rule refuses that report. Acquiring first, then preempting, cuts the
+    /// victim off, and the rule confirms it.
+    #[test]
+    fn preempt_after_a_release_cuts_nothing_and_is_not_evidence() {
+        use crate::report::{NotCutOff, fence_evidence};
+        let rtype = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+        let (ns, a, b, _) = hosts();
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        b.acquire(&Acquire::acquire(KB, rtype)).unwrap();
+        b.release(&Release::release(KB, rtype)).unwrap();
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+        a.acquire(&Acquire::preempt_and_abort(KA, KB, rtype))
+            .unwrap();
+        let st = ns.snapshot();
+        // The old test (key gone, ours present) would have confirmed this fence...
+        assert!(!st.is_registered(KB) && st.is_registered(KA));
+        // ...while the victim still writes.
+        assert!(allowed(&b, Access::Write));
+        assert_eq!(
+            fence_evidence(&st, KB, KA),
+            Err(NotCutOff::NoReservation(KB))
+        );
+
+        // The fix: with no reservation held, acquire it (we are a registrant), then
+        // preempt, then verify.
+        let (ns, a, b, _) = hosts();
+        a.register(&Register::register(KA)).unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        b.acquire(&Acquire::acquire(KB, rtype)).unwrap();
+        b.release(&Release::release(KB, rtype)).unwrap();
+        a.acquire(&Acquire::acquire(KA, rtype)).unwrap();
+        a.acquire(&Acquire::preempt_and_abort(KA, KB, rtype))
+            .unwrap();
+        let st = ns.snapshot();
+        assert!(fence_evidence(&st, KB, KA).is_ok(), "{st:?}");
+        assert!(!allowed(&b, Access::Write));
+    }
+
     #[test]
     fn all_registrants_preempt_with_zero_prkey_takes_everything() {
         for rtype in [
@@ -1046,6 +1087,19 @@ mod tests {
                         let holds = after.registrant(h.hostid()).is_some_and(|r| r.holds_reservation());
                         if holds || after.rtype == ReservationType::NONE {
                             prop_assert!(h.check(Access::Read).is_ok() && h.check(Access::Write).is_ok());
+                        }
+                        // The evidence rule (issue 26): whenever a report is evidence
+                        // that key k is cut off, every host without a registration is
+                        // denied writes: a host that held k is one.
+                        for k in 1..4u8 {
+                            if crate::report::cut_off(&after, key(k)).is_ok()
+                                && after.registrant(h.hostid()).is_none()
+                            {
+                                prop_assert!(h.check(Access::Write).is_err(), "evidence for {} but {:?} writes", key(k), h.hostid());
+                            }
+                        }
+                        if after.rtype == ReservationType::NONE {
+                            prop_assert!((1..4u8).all(|k| crate::report::cut_off(&after, key(k)).is_err()));
                         }
                         // Under any of the six types a non-registrant cannot write.
                         if after.registrant(h.hostid()).is_none() && after.rtype != ReservationType::NONE {

@@ -184,6 +184,96 @@ impl RegisteredController {
     }
 }
 
+/// Whether a reservation of type `rtype` denies writes to a host that is not
+/// registered: true for each of the six types (NVMe Base 2.0c 8.19, "Command
+/// Behavior in the Presence of a Reservation"), false for no reservation (every host
+/// may write) and for a value outside 1..=6.
+pub const fn denies_unregistered_writes(rtype: ReservationType) -> bool {
+    rtype.is_valid()
+}
+
+/// What a report shows when it is evidence that `victim` is cut off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CutOff {
+    /// The reservation type held, which denies the victim's writes.
+    pub rtype: ReservationType,
+    /// The holder's key (the first holder for the All Registrants types), when the
+    /// report marks one.
+    pub holder: Option<Key>,
+}
+
+/// Why a report is not evidence that a victim is cut off. A fence is confirmed only
+/// by [`fence_evidence`]; each of these leaves it owed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum NotCutOff {
+    /// The victim's key is still registered.
+    #[error("the victim's key {0} is still registered")]
+    VictimRegistered(Key),
+    /// Our own key is not registered: we were fenced ourselves (or never unfenced),
+    /// so our word about the victim is worth nothing.
+    #[error("our own key {0} is not registered")]
+    OwnKeyAbsent(Key),
+    /// No reservation is held: with none, every host may write, registered or not, so
+    /// removing the victim's key cut nothing.
+    #[error(
+        "no reservation is held: with none every host may write, so the absence of key {0} cuts nothing"
+    )]
+    NoReservation(Key),
+    /// The report names a reservation type outside the six.
+    #[error(
+        "the report names reservation type {0}, not one of the six: it cannot be taken as denying key {1}"
+    )]
+    UnknownType(ReservationType, Key),
+    /// A Write Exclusive or Exclusive Access reservation held by the victim's key:
+    /// the holder may always write.
+    #[error("the reservation ({0}) is held by the victim's key {1}")]
+    VictimHolds(ReservationType, Key),
+}
+
+/// Whether `report` shows that the host whose key is `victim` cannot write: its key
+/// absent, and a reservation held whose type denies an unregistered host (any of the
+/// six types does), not held by the victim for Write Exclusive / Exclusive Access.
+/// Does not look at our own key: see [`fence_evidence`].
+pub fn cut_off(report: &ReservationStatus, victim: Key) -> Result<CutOff, NotCutOff> {
+    if report.is_registered(victim) {
+        return Err(NotCutOff::VictimRegistered(victim));
+    }
+    reservation_denies(report, victim)
+}
+
+/// The evidence rule for a fence: `victim`'s key absent, our key `own` present, and a
+/// reservation held whose type denies the victim ([`cut_off`]). A report without a
+/// reservation is never evidence: a Reservation Acquire - Preempt with none held only
+/// unregisters the key, and every host may still write.
+pub fn fence_evidence(
+    report: &ReservationStatus,
+    victim: Key,
+    own: Key,
+) -> Result<CutOff, NotCutOff> {
+    if report.is_registered(victim) {
+        return Err(NotCutOff::VictimRegistered(victim));
+    }
+    if !report.is_registered(own) {
+        return Err(NotCutOff::OwnKeyAbsent(own));
+    }
+    reservation_denies(report, victim)
+}
+
+fn reservation_denies(report: &ReservationStatus, victim: Key) -> Result<CutOff, NotCutOff> {
+    let rtype = report.rtype;
+    if rtype == ReservationType::NONE {
+        return Err(NotCutOff::NoReservation(victim));
+    }
+    if !denies_unregistered_writes(rtype) {
+        return Err(NotCutOff::UnknownType(rtype, victim));
+    }
+    let holder = report.holder().map(|h| h.rkey);
+    if rtype.is_holder_only() && holder == Some(victim) {
+        return Err(NotCutOff::VictimHolds(rtype, victim));
+    }
+    Ok(CutOff { rtype, holder })
+}
+
 fn le16(b: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([b[at], b[at + 1]])
 }
@@ -501,6 +591,102 @@ mod tests {
         }
         b[5..7].copy_from_slice(&u16::MAX.to_le_bytes());
         assert!(parse_regular(&b).is_err());
+    }
+
+    fn reg(key: u64, holds: bool) -> RegisteredController {
+        RegisteredController::new(HostId([key as u8; 16]), Key(key)).holding(holds)
+    }
+
+    #[test]
+    fn evidence_needs_a_reservation_that_denies_the_victim() {
+        let (own, victim) = (Key(0xa), Key(0xb));
+        // Key gone, ours present, no reservation: the hole of issue 26. Not evidence.
+        let none = ReservationStatus::new(4, ReservationType::NONE, vec![reg(0xa, false)]);
+        assert_eq!(
+            fence_evidence(&none, victim, own),
+            Err(NotCutOff::NoReservation(victim))
+        );
+        assert_eq!(
+            cut_off(&none, victim),
+            Err(NotCutOff::NoReservation(victim))
+        );
+        assert!(
+            NotCutOff::NoReservation(victim)
+                .to_string()
+                .contains("no reservation is held"),
+        );
+        // Any of the six types, held by us (or another registrant): evidence.
+        for t in 1..=6u8 {
+            let rtype = ReservationType(t);
+            let held = ReservationStatus::new(5, rtype, vec![reg(0xa, true), reg(0xc, false)]);
+            assert_eq!(
+                fence_evidence(&held, victim, own),
+                Ok(CutOff {
+                    rtype,
+                    holder: Some(own)
+                }),
+                "{rtype}"
+            );
+            assert!(denies_unregistered_writes(rtype));
+        }
+        assert!(!denies_unregistered_writes(ReservationType::NONE));
+        // The victim still registered, or our key gone, whatever the reservation.
+        let both = ReservationStatus::new(
+            6,
+            ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS,
+            vec![reg(0xa, true), reg(0xb, true)],
+        );
+        assert_eq!(
+            fence_evidence(&both, victim, own),
+            Err(NotCutOff::VictimRegistered(victim))
+        );
+        let others = ReservationStatus::new(
+            6,
+            ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS,
+            vec![reg(0xc, true)],
+        );
+        assert_eq!(
+            fence_evidence(&others, victim, own),
+            Err(NotCutOff::OwnKeyAbsent(own))
+        );
+        assert!(cut_off(&others, victim).is_ok());
+        // A type outside the six is not taken as denying anyone.
+        let odd = ReservationStatus::new(6, ReservationType(7), vec![reg(0xa, true)]);
+        assert_eq!(
+            fence_evidence(&odd, victim, own),
+            Err(NotCutOff::UnknownType(ReservationType(7), victim))
+        );
+    }
+
+    #[test]
+    fn a_holder_only_reservation_held_by_the_victims_key_is_not_evidence() {
+        // A device that marks a holder whose key it no longer lists as a registrant
+        // (it cannot happen on a correct device): the holder may write.
+        for rtype in [
+            ReservationType::WRITE_EXCLUSIVE,
+            ReservationType::EXCLUSIVE_ACCESS,
+        ] {
+            let mut st = ReservationStatus::new(2, rtype, vec![reg(0xa, false), reg(0xb, true)]);
+            // Key 0xb is the victim: registered, so refused as registered first.
+            assert_eq!(
+                cut_off(&st, Key(0xb)),
+                Err(NotCutOff::VictimRegistered(Key(0xb)))
+            );
+            // Same holder, the victim's key looked up under another listing: the rule
+            // itself refuses a holder with the victim's key.
+            st.registrants[1].rkey = Key(0xb);
+            assert_eq!(
+                reservation_denies(&st, Key(0xb)),
+                Err(NotCutOff::VictimHolds(rtype, Key(0xb)))
+            );
+            assert_eq!(
+                reservation_denies(&st, Key(0xc)),
+                Ok(CutOff {
+                    rtype,
+                    holder: Some(Key(0xb))
+                })
+            );
+        }
     }
 
     #[cfg(feature = "json")]

@@ -16,6 +16,10 @@
 #      so the device answers A's preempt with Reservation Conflict: exit 1 naming it;
 #      the namespace without reservations in devices: exit 1 naming it; fixed, the
 #      retry completes
+#   6. the reservation released (issue 26): B and C unfenced again, the holder A releases
+#      it on both namespaces (every host still registered, nvme-cli reports rtype 0, C
+#      writes); `off` of nc acquires the reservation before the preempt and C's next
+#      O_DIRECT write fails EBADE (before the fix: "Success" while C kept writing)
 set -u
 t() { cut -d' ' -f1 /proc/uptime; }
 say() { echo "fence-nvme[$(t)s]: $*"; }
@@ -146,5 +150,29 @@ for d in $A1 $A3; do
 done
 agent A status nb
 expect_rc 2 "status nb after the retry"
+
+say "--- 6. off with the reservation released (both hosts still registered)"
+agent B on nb
+expect_rc 0 "on nb again"
+agent C on nc
+expect_rc 0 "on nc again"
+for d in $A1 $A3; do
+  nvme-resv release "$d" --crkey "$(key_of na)" --rtype 5 >/dev/null || fail "release on $d"
+  [ "$(rtype_on "$d")" = 0 ] || fail "$d still holds rtype '$(rtype_on "$d")' after the release"
+  for n in na nb nc; do has_key "$d" $n || fail "$n's key missing on $d after the release: $(keys_on "$d")"; done
+done
+for d in $C1 $C3; do write_direct "$d" || fail "C cannot write $d with no reservation held: $(cat /tmp/dd)"; done
+agent A off nc
+expect_rc 0 "off nc with the reservation released"
+expect_out "Success: Powered OFF" "off nc with the reservation released"
+for d in $C1 $C3; do
+  if write_direct "$d"; then fail "fence_nvme confirmed the fence of nc but C still writes $d (no reservation held)"; fi
+  grep -q "Invalid exchange" /tmp/dd || fail "C's write to $d failed, but not with EBADE: $(cat /tmp/dd)"
+  say "C's O_DIRECT write to $d after the fence: $(tr '\n' ' ' </tmp/dd)"
+  [ "$(rtype_on "$d")" = 5 ] || fail "$d holds rtype '$(rtype_on "$d")' after the fence, expected 5"
+done
+[ "$(grep -c 'acquired before the preempt' /tmp/out)" = 2 ] || fail "off nc: the reservation was not acquired on both devices"
+agent B status nc
+expect_rc 2 "status nc after the fence with the reservation released"
 say "final reports: $A1: $(keys_on $A1); $A3: $(keys_on $A3)"
 say "PASS"

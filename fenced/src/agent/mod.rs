@@ -354,9 +354,57 @@ impl Agent {
             renewals,
             keepalive,
         };
-        agent.unfence().await?;
-        agent.claim_arenas().await?;
+        let started = match agent.unfence().await {
+            Ok(()) => agent.claim_arenas().await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = started {
+            // Issue 26, hole 4: a start that fails after the register (membership lost
+            // before the arenas were adopted, a device error after the register) must
+            // not leave the key on the device: the node is not a member, its
+            // generation may already be bumped, and the next start on this boot is
+            // refused, so nothing else would remove it.
+            agent.unregister_after_failed_start(&e).await;
+            return Err(e);
+        }
         Ok(agent)
+    }
+
+    /// After a failed start: if our key is registered, unregister it and check with a
+    /// report that it is gone; logs an error when it cannot be removed.
+    async fn unregister_after_failed_start(&self, why: &AgentError) {
+        let Some(device) = self.device.clone() else {
+            return;
+        };
+        let key = self.own_key;
+        let r = blocking(move || -> nvme_resv::Result<Option<bool>> {
+            if !key_registered(&device.report()?, key) {
+                return Ok(None);
+            }
+            device.register(&Register {
+                rrega: RegisterAction::Unregister,
+                crkey: key,
+                nrkey: Key(0),
+                iekey: false,
+                cptpl: Cptpl::NoChange,
+            })?;
+            Ok(Some(key_registered(&device.report()?, key)))
+        })
+        .await;
+        let node = &self.cfg.node;
+        let key = format_args!("{:#x}", key.0);
+        match r {
+            Ok(None) => {}
+            Ok(Some(false)) => {
+                tracing::warn!(step = "unregister", node = %node, key = key, cause = %why, "start failed after the key was registered: key unregistered (checked gone)")
+            }
+            Ok(Some(true)) => {
+                tracing::error!(step = "unregister", node = %node, key = key, cause = %why, "start failed after the key was registered, and the report still lists the key after the unregister: remove it (`nvme-resv register DEVICE --rrega unregister --crkey KEY`) or reboot the host")
+            }
+            Err(e) => {
+                tracing::error!(step = "unregister", node = %node, key = key, cause = %why, error = %e, "start failed after the key was registered, and unregistering it failed: remove it (`nvme-resv register DEVICE --rrega unregister --crkey KEY`) or reboot the host")
+            }
+        }
     }
 
     /// The restart rule ([`boot`]): reads the node's boot record and generation (one

@@ -118,6 +118,31 @@ pub enum FenceCause {
         /// The report's generation.
         generation: u32,
     },
+    /// The report is no evidence that the victim is cut off although its key may be
+    /// gone ([`nvme_resv::report::fence_evidence`]): typically no reservation is held
+    /// (with none, every host may write), lost between our acquire and the report.
+    #[error("key {:#x} is not cut off: {why}; the fence stays owed (the next attempt acquires the reservation first)", key.0)]
+    NotCutOff {
+        /// The victim's key.
+        key: Key,
+        /// Why the report is not evidence.
+        why: nvme_resv::report::NotCutOff,
+    },
+    /// No reservation was held, and acquiring one (we are a registrant) failed: a
+    /// preempt without a reservation only unregisters the key, so none was sent.
+    #[error(
+        "no reservation is held on the shared namespace (with none every host may write, so a preempt cuts nothing) and acquiring {rtype} with our key {:#x} failed: {source}; the fence stays owed",
+        key.0
+    )]
+    AcquireReservation {
+        /// Our key.
+        key: Key,
+        /// The type asked for.
+        rtype: nvme_resv::ReservationType,
+        /// The device's answer.
+        #[source]
+        source: nvme_resv::Error,
+    },
     /// Our own key is not registered: we were fenced ourselves, so our word on anyone
     /// else's fence is worth nothing.
     #[error("our own key {:#x} is not registered: we are fenced", key.0)]

@@ -1,10 +1,14 @@
-//! The NVMe fencer: check that our device is the cluster's namespace, preempt the
-//! victim's registration key, then require the reservation report to show it gone
-//! (NVMe Base Specification 2.0, §8.19).
+//! The NVMe fencer: check that our device is the cluster's namespace, make sure a
+//! reservation is held (acquiring it when none is: a preempt without one only
+//! unregisters the key, and every host may still write), preempt the victim's
+//! registration key, then require the reservation report to be evidence
+//! ([`nvme_resv::report::fence_evidence`]: the victim's key gone, ours present, a
+//! reservation held that denies the victim; NVMe Base Specification 2.0, §8.19).
 
 use std::fmt;
 use std::sync::Arc;
 
+use nvme_resv::report::{NotCutOff, fence_evidence};
 use nvme_resv::{
     Acquire, AcquireAction, Key, NvmeStatus, ReservationStatus, ReservationType, Reservations,
 };
@@ -59,6 +63,8 @@ pub struct NvmeFencer {
 /// What `sever` sent and what the device answered, for `verify`.
 #[derive(Debug)]
 struct Preempted {
+    /// No reservation was held: `sever` acquired it before the preempt.
+    acquired: bool,
     /// The action whose answer is `answer`.
     racqa: AcquireAction,
     /// Preempt and Abort answered Invalid Field (no abort support): its answer; the
@@ -115,6 +121,7 @@ impl NvmeFencer {
                 FenceCause::VictimIsSelf { key: victim_key },
             ));
         }
+        let acquired = self.hold_reservation()?;
         let send = |racqa| {
             self.device.acquire(&Acquire {
                 racqa,
@@ -134,16 +141,66 @@ impl NvmeFencer {
             {
                 tracing::warn!(step = "sever", key = format_args!("{:#x}", victim_key.0), answer = %e, "Preempt and Abort answered Invalid Field (no abort support?): falling back to Preempt; the victim's commands already in flight are not aborted");
                 Ok(Preempted {
+                    acquired,
                     racqa: AcquireAction::Preempt,
                     fell_back: Some(e),
                     answer: send(AcquireAction::Preempt),
                 })
             }
             answer => Ok(Preempted {
+                acquired,
                 racqa,
                 fell_back: None,
                 answer,
             }),
+        }
+    }
+
+    /// Before the preempt: a preempt with no reservation held only unregisters the
+    /// key (every host may still write), so when the report shows none, acquire it
+    /// with our key (we must be a registrant). Whether we acquired it. Fails, and
+    /// nothing is preempted, when our key is not registered or no reservation can be
+    /// had.
+    fn hold_reservation(&self) -> Result<bool, FenceError> {
+        let report = |step| {
+            self.device
+                .report()
+                .map_err(|source| FenceError::at(step, FenceCause::Report { source }))
+        };
+        let before = report(FenceStep::Sever)?;
+        if !before.is_registered(self.own_key) {
+            return Err(FenceError::at(
+                FenceStep::Sever,
+                FenceCause::ControllerNotRegistered { key: self.own_key },
+            ));
+        }
+        if before.rtype != ReservationType::NONE {
+            return Ok(false);
+        }
+        match self
+            .device
+            .acquire(&Acquire::acquire(self.own_key, RESERVATION_TYPE))
+        {
+            Ok(()) => {
+                tracing::warn!(
+                    step = "sever",
+                    key = format_args!("{:#x}", self.own_key.0),
+                    "no reservation was held on the shared namespace (every host could write): acquired {RESERVATION_TYPE} before the preempt"
+                );
+                Ok(true)
+            }
+            // A peer may have acquired it between our report and our acquire.
+            Err(source) => match report(FenceStep::Sever)? {
+                again if again.rtype != ReservationType::NONE => Ok(false),
+                _ => Err(FenceError::at(
+                    FenceStep::Sever,
+                    FenceCause::AcquireReservation {
+                        key: self.own_key,
+                        rtype: RESERVATION_TYPE,
+                        source,
+                    },
+                )),
+            },
         }
     }
 
@@ -154,11 +211,15 @@ impl NvmeFencer {
         }
     }
 
-    /// `verify`: re-read the report whatever the preempt said. A preempt that reports
+    /// `verify`: re-read the report whatever the preempt said, and confirm only on
+    /// evidence ([`nvme_resv::report::fence_evidence`]: the victim's key absent, ours
+    /// present, a reservation held that denies the victim). A preempt that reports
     /// success while the registration survives is a failed fence, and a preempt of a
-    /// key that is already absent (a retry) is a conflict but a confirmed fence.
+    /// key that is already absent (a retry) is a conflict but a confirmed fence when
+    /// the reservation holds.
     fn verify(&self, victim_key: Key, preempt: Preempted) -> Result<Confirmation, FenceError> {
         let Preempted {
+            acquired,
             racqa,
             fell_back,
             answer,
@@ -167,34 +228,48 @@ impl NvmeFencer {
             .device
             .report()
             .map_err(|source| FenceError::at(FenceStep::Verify, FenceCause::Report { source }))?;
-        if report.is_registered(victim_key) {
-            return Err(match answer {
-                Err(source) => FenceError::at(
-                    FenceStep::Sever,
-                    FenceCause::Preempt {
-                        racqa,
-                        key: victim_key,
-                        source,
-                    },
-                ),
-                Ok(()) => FenceError::at(
-                    FenceStep::Verify,
-                    FenceCause::KeyStillRegistered {
-                        racqa,
-                        key: victim_key,
-                        generation: report.generation,
-                    },
-                ),
-            });
-        }
-        if !report.is_registered(self.own_key) {
+        let cut = match fence_evidence(&report, victim_key, self.own_key) {
+            Ok(cut) => cut,
+            Err(NotCutOff::VictimRegistered(_)) => {
+                return Err(match answer {
+                    Err(source) => FenceError::at(
+                        FenceStep::Sever,
+                        FenceCause::Preempt {
+                            racqa,
+                            key: victim_key,
+                            source,
+                        },
+                    ),
+                    Ok(()) => FenceError::at(
+                        FenceStep::Verify,
+                        FenceCause::KeyStillRegistered {
+                            racqa,
+                            key: victim_key,
+                            generation: report.generation,
+                        },
+                    ),
+                });
+            }
             // We sever others only as a registrant: if our own key is gone we were
             // fenced ourselves, and our word is worth nothing.
-            return Err(FenceError::at(
-                FenceStep::Verify,
-                FenceCause::ControllerNotRegistered { key: self.own_key },
-            ));
-        }
+            Err(NotCutOff::OwnKeyAbsent(_)) => {
+                return Err(FenceError::at(
+                    FenceStep::Verify,
+                    FenceCause::ControllerNotRegistered { key: self.own_key },
+                ));
+            }
+            // The key is gone but nothing denies the victim (the reservation was
+            // released or lost after our check): not a fence.
+            Err(why) => {
+                return Err(FenceError::at(
+                    FenceStep::Verify,
+                    FenceCause::NotCutOff {
+                        key: victim_key,
+                        why,
+                    },
+                ));
+            }
+        };
         let mut how = match answer {
             Ok(()) => format!("{racqa:?}"),
             Err(e) => format!("already absent ({racqa:?} answered: {e})"),
@@ -208,10 +283,17 @@ impl NvmeFencer {
             fencer: "nvme".to_owned(),
             severed: true,
             evidence: format!(
-                "key {:#x} {how}; absent from report (generation {}, {} registrant(s))",
+                "key {:#x} {how}; absent from report (generation {}, {} registrant(s)); reservation {} held{}{}",
                 victim_key.0,
                 report.generation,
-                report.registrants.len()
+                report.registrants.len(),
+                cut.rtype,
+                cut.holder.map(|k| format!(" by {k}")).unwrap_or_default(),
+                if acquired {
+                    " (none was held: acquired before the preempt)"
+                } else {
+                    ""
+                }
             ),
         })
     }
@@ -481,6 +563,129 @@ mod tests {
             "{e:?}"
         );
         assert!(ns.snapshot().is_registered(key_of("b")));
+    }
+
+    /// Hosts a and b registered on the model, b acquired the reservation and then
+    /// released it (issue 26: `nvme resv-release`): no reservation, both registered.
+    fn model_released() -> (
+        nvme_resv::model::Namespace,
+        nvme_resv::model::Host,
+        nvme_resv::model::Host,
+    ) {
+        let ns = nvme_resv::model::Namespace::new();
+        let (a, b) = (ns.host(HostId([0xa; 16])), ns.host(HostId([0xb; 16])));
+        a.register(&Register::register(key_of("a"))).unwrap();
+        b.register(&Register::register(key_of("b"))).unwrap();
+        b.acquire(&Acquire::acquire(key_of("b"), RESERVATION_TYPE))
+            .unwrap();
+        b.release(&Release::release(key_of("b"), RESERVATION_TYPE))
+            .unwrap();
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+        (ns, a, b)
+    }
+
+    #[tokio::test]
+    async fn with_no_reservation_held_the_fence_acquires_it_before_the_preempt() {
+        let (ns, a, b) = model_released();
+        let f = as_a(Arc::new(a), PreemptMode::default());
+        let c = f.fence(&victim("b")).await.unwrap();
+        // Confirmed only because the victim really cannot write any more.
+        assert!(
+            b.check(nvme_resv::Access::Write)
+                .unwrap_err()
+                .is_reservation_conflict(),
+            "confirmed while the victim writes: {}",
+            c.evidence
+        );
+        assert_eq!(ns.snapshot().rtype, RESERVATION_TYPE);
+        assert!(
+            c.evidence.contains("acquired before the preempt")
+                && c.evidence.contains("Write Exclusive - All Registrants"),
+            "{}",
+            c.evidence
+        );
+        // A retry (key already absent, reservation held) is confirmed again.
+        assert!(f.fence(&victim("b")).await.unwrap().severed);
+    }
+
+    #[tokio::test]
+    async fn no_reservation_and_none_to_be_had_fails_the_fence_with_the_reason() {
+        let (ns, a, b) = model_released();
+        ns.fail_next(
+            nvme_resv::Operation::Acquire,
+            NvmeStatus::RESERVATION_CONFLICT.with_dnr(),
+        );
+        let f = as_a(Arc::new(a), PreemptMode::default());
+        let e = f.fence(&victim("b")).await.unwrap_err();
+        assert_eq!(e.step, FenceStep::Sever);
+        assert!(
+            matches!(&e.cause, FenceCause::AcquireReservation { key, .. } if *key == key_of("a")),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no reservation is held"), "{e}");
+        // Nothing was preempted: the victim is still registered (and still writes,
+        // which is why the fence is owed, not confirmed).
+        assert!(ns.snapshot().is_registered(key_of("b")));
+        assert!(b.check(nvme_resv::Access::Write).is_ok());
+    }
+
+    /// Forwards to a model host; after the first preempt, another host (`releaser`,
+    /// the holder record) releases the reservation: lost between sever and verify.
+    #[derive(Debug)]
+    struct ReleasedAfterPreempt {
+        host: nvme_resv::model::Host,
+        releaser: nvme_resv::model::Host,
+        key: Key,
+    }
+
+    impl Reservations for ReleasedAfterPreempt {
+        fn register(&self, cmd: &Register) -> nvme_resv::Result<()> {
+            self.host.register(cmd)
+        }
+        fn acquire(&self, cmd: &Acquire) -> nvme_resv::Result<()> {
+            let r = self.host.acquire(cmd);
+            if cmd.racqa != AcquireAction::Acquire {
+                self.releaser
+                    .release(&Release::release(self.key, RESERVATION_TYPE))
+                    .unwrap();
+            }
+            r
+        }
+        fn release(&self, cmd: &Release) -> nvme_resv::Result<()> {
+            self.host.release(cmd)
+        }
+        fn report(&self) -> nvme_resv::Result<ReservationStatus> {
+            self.host.report()
+        }
+    }
+
+    #[tokio::test]
+    async fn a_reservation_lost_before_the_report_is_not_evidence() {
+        let ns = nvme_resv::model::Namespace::new();
+        let (a, b, c) = (
+            ns.host(HostId([0xa; 16])),
+            ns.host(HostId([0xb; 16])),
+            ns.host(HostId([0xc; 16])),
+        );
+        for (h, n) in [(&c, "c"), (&a, "a"), (&b, "b")] {
+            h.register(&Register::register(key_of(n))).unwrap();
+        }
+        c.acquire(&Acquire::acquire(key_of("c"), RESERVATION_TYPE))
+            .unwrap();
+        let dev = ReleasedAfterPreempt {
+            host: a,
+            releaser: c,
+            key: key_of("c"),
+        };
+        let f = as_a(Arc::new(dev), PreemptMode::default());
+        let e = f.fence(&victim("b")).await.unwrap_err();
+        assert_eq!(e.step, FenceStep::Verify);
+        assert!(
+            matches!(&e.cause, FenceCause::NotCutOff { key, why: NotCutOff::NoReservation(_) } if *key == key_of("b")),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("stays owed"), "{e}");
+        assert!(b.check(nvme_resv::Access::Write).is_ok());
     }
 
     fn identity(b: u8) -> nvme_resv::NamespaceIdentity {

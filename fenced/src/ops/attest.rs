@@ -19,7 +19,10 @@ use fenced::NodeId;
 use fenced::controller::{Controller, ControllerConfig};
 use fenced::core::attest::{AttestRequest, Refusal, Verdict, judge};
 use fenced::core::{Confirmation, FenceState, Trigger, Victim};
-use fenced::fencer::{AttestedFencer, BoxFuture, FenceError, Fencer, NvmeFencer, PreemptMode};
+use fenced::fencer::{
+    AttestedFencer, BoxFuture, FenceError, Fencer, NamespaceCheck, NamespaceRecord, NvmeFencer,
+    PreemptMode,
+};
 use fenced::store::{Approval, ClaimGuard};
 use nvme_resv::Key;
 
@@ -109,6 +112,29 @@ pub enum AttestError {
         own: NodeId,
         key: Key,
     },
+    #[error(
+        "refusing to preempt from {}: it is not the cluster's shared namespace (recorded at <root>/namespace: {expected}; {}: {found}); device names move between boots: name the shared namespace by its /dev/disk/by-id path",
+        path.display(),
+        path.display()
+    )]
+    WrongNamespace {
+        path: PathBuf,
+        expected: nvme_resv::NamespaceIdentity,
+        found: nvme_resv::NamespaceIdentity,
+    },
+    #[error(
+        "refusing to preempt from {}: no shared namespace is recorded at <root>/namespace (a fenced daemon with --fencer nvme records it at its first join), so nothing says this device is the one the node writes; attest without --block-device, or check --root",
+        path.display()
+    )]
+    NoNamespaceRecord { path: PathBuf },
+    #[error("cannot identify {} to check it is the shared namespace: {source}", path.display())]
+    Identify {
+        path: PathBuf,
+        #[source]
+        source: nvme_resv::Error,
+    },
+    #[error("cannot read the recorded shared namespace (<root>/namespace): {message}")]
+    NamespaceRecord { message: String },
     #[error("cannot read the reservation report of {}: {source}", path.display())]
     Report {
         path: PathBuf,
@@ -166,25 +192,68 @@ impl Fencer for Attestation {
     }
 }
 
-/// Opens `path` and checks that `own`'s key is registered there (a read), so a host
-/// that could not preempt is refused before any command that changes the device.
+/// Opens `path`, requires it to be the namespace recorded at `<root>/namespace` (the
+/// controller's check: a key absent from another namespace proves nothing) and `own`'s
+/// key to be registered there (reads only), so a host that could not preempt, or
+/// would preempt on the wrong namespace, is refused before any command that changes
+/// the device or etcd. The fencer identifies the device again at the fence.
 async fn device_fencer(
     path: PathBuf,
     own: NodeId,
     mode: PreemptMode,
+    store: &fenced::store::EtcdStore,
 ) -> Result<NvmeFencer, AttestError> {
-    let key = nvme_resv::key_for_node(own.as_str());
+    let recorded = store
+        .namespace_record()
+        .await
+        .map_err(|e| AttestError::NamespaceRecord {
+            message: e.to_string(),
+        })?;
     let p = path.clone();
-    let (device, report) = tokio::task::spawn_blocking(move || {
-        let device = open_device(&p)?;
-        let report = device.report();
-        Ok::<_, DaemonError>((device, report))
-    })
-    .await
-    .map_err(|e| AttestError::NotCompleted {
-        node: own.clone(),
-        what: format!("device task failed: {e}"),
-    })??;
+    let device = tokio::task::spawn_blocking(move || open_device(&p))
+        .await
+        .map_err(|e| AttestError::NotCompleted {
+            node: own.clone(),
+            what: format!("device task failed: {e}"),
+        })??;
+    let record: Arc<dyn NamespaceRecord> = Arc::new(store.clone());
+    checked_fencer(device, path, own, mode, recorded, Some(record)).await
+}
+
+/// The checks of [`device_fencer`] on an opened `device`: its identity is `recorded`
+/// (refused when none is recorded, or another namespace, naming both identities), and
+/// `own`'s key is registered there. The fencer checks the identity again at the fence
+/// (against `record` read then, else `recorded`).
+async fn checked_fencer(
+    device: fenced::fencer::Device,
+    path: PathBuf,
+    own: NodeId,
+    mode: PreemptMode,
+    recorded: Option<nvme_resv::NamespaceIdentity>,
+    record: Option<Arc<dyn NamespaceRecord>>,
+) -> Result<NvmeFencer, AttestError> {
+    let Some(expected) = recorded else {
+        return Err(AttestError::NoNamespaceRecord { path });
+    };
+    let key = nvme_resv::key_for_node(own.as_str());
+    let d = device.clone();
+    let (found, report) = tokio::task::spawn_blocking(move || (d.identity(), d.report()))
+        .await
+        .map_err(|e| AttestError::NotCompleted {
+            node: own.clone(),
+            what: format!("device task failed: {e}"),
+        })?;
+    let found = found.map_err(|source| AttestError::Identify {
+        path: path.clone(),
+        source,
+    })?;
+    if !expected.same_namespace(&found) {
+        return Err(AttestError::WrongNamespace {
+            path,
+            expected,
+            found,
+        });
+    }
     let report = report.map_err(|source| AttestError::Report {
         path: path.clone(),
         source,
@@ -192,7 +261,12 @@ async fn device_fencer(
     if !report.is_registered(key) {
         return Err(AttestError::NotRegistered { path, own, key });
     }
-    Ok(NvmeFencer::new(device, key, mode))
+    Ok(
+        NvmeFencer::new(device, key, mode).with_namespace(NamespaceCheck {
+            joined: expected,
+            record,
+        }),
+    )
 }
 
 fn now_ms() -> u64 {
@@ -353,7 +427,7 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
                 PreemptArg::Preempt => PreemptMode::Preempt,
                 PreemptArg::PreemptAndAbort => PreemptMode::PreemptAndAbort,
             };
-            Some(device_fencer(path, own, mode).await?)
+            Some(device_fencer(path, own, mode, &store).await?)
         }
         _ => None,
     };
@@ -500,6 +574,87 @@ mod tests {
         let e = attestation(Some(nvme)).fence(&n2()).await.unwrap_err();
         assert!(e.to_string().starts_with("sever failed"), "{e}");
         assert!(ns.snapshot().is_registered(nvme_resv::key_for_node("n2")));
+    }
+
+    fn identity(b: u8) -> nvme_resv::NamespaceIdentity {
+        nvme_resv::NamespaceIdentity {
+            nguid: [b; 16],
+            eui64: [0; 8],
+            subnqn: "nqn.test:s".into(),
+        }
+    }
+
+    /// Issue 26, hole 2: `--block-device` naming another namespace (device names move
+    /// between boots) is refused before anything is sent, naming both identities; so
+    /// is a cluster with no recorded namespace. The recorded one is accepted.
+    #[tokio::test]
+    async fn attest_refuses_a_device_that_is_not_the_recorded_namespace() {
+        let other = Namespace::new();
+        other.set_identity(identity(2));
+        let h1 = host(&other, "n1");
+        // The victim is not registered on this other namespace: without the check its
+        // key's absence here would be "confirmed".
+        let path = PathBuf::from("/dev/nvme9n2");
+        let n1 = NodeId::new("n1").unwrap();
+        let e = checked_fencer(
+            Arc::new(h1.clone()),
+            path.clone(),
+            n1.clone(),
+            PreemptMode::default(),
+            Some(identity(1)),
+            None,
+        )
+        .await
+        .unwrap_err();
+        let AttestError::WrongNamespace {
+            expected, found, ..
+        } = &e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!((expected, found), (&identity(1), &identity(2)));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&identity(1).to_string()) && msg.contains(&identity(2).to_string()),
+            "{msg}"
+        );
+        assert_eq!(
+            other.snapshot().generation,
+            1,
+            "a command changed the device"
+        );
+        let e = checked_fencer(
+            Arc::new(h1),
+            path.clone(),
+            n1.clone(),
+            PreemptMode::default(),
+            None,
+            None,
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(e, AttestError::NoNamespaceRecord { .. }), "{e:?}");
+        // The recorded namespace: accepted, and the fence goes through.
+        let shared = Namespace::new();
+        shared.set_identity(identity(1));
+        let h1 = host(&shared, "n1");
+        host(&shared, "n2");
+        let f = checked_fencer(
+            Arc::new(h1),
+            path,
+            n1,
+            PreemptMode::default(),
+            Some(identity(1)),
+            None,
+        )
+        .await
+        .unwrap();
+        assert!(f.fence(&n2()).await.unwrap().severed);
+        assert!(
+            !shared
+                .snapshot()
+                .is_registered(nvme_resv::key_for_node("n2"))
+        );
     }
 
     #[tokio::test]

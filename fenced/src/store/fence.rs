@@ -99,7 +99,9 @@ fn won(
 impl EtcdStore {
     /// Makes sure a fresh spare lease is ready for the next claim (off the critical
     /// path). A spare older than a quarter of the claim TTL is replaced, so a claim
-    /// always has at least three quarters of its TTL left.
+    /// always has at least three quarters of its TTL left. A spare's age is counted
+    /// from before its grant was asked (the lease's TTL runs from the grant on the
+    /// server) and is never reset: a spare put back after a refused claim keeps it.
     pub async fn prepare_claim_lease(&self) -> Result<()> {
         let max_age = self.claim_ttl / 4;
         {
@@ -110,16 +112,22 @@ impl EtcdStore {
                 return Ok(());
             }
         }
+        let asked = Instant::now();
         let lease = self.grant(self.claim_ttl).await?;
-        *self.spare.lock().await = Some((lease, Instant::now()));
+        *self.spare.lock().await = Some((lease, asked));
         Ok(())
     }
 
-    async fn take_claim_lease(&self) -> Result<i64> {
+    /// A lease for a claim and when its grant was asked: the spare while younger than
+    /// a quarter of the claim TTL, else a new one.
+    async fn take_claim_lease(&self) -> Result<(i64, Instant)> {
         let taken = self.spare.lock().await.take();
         match taken {
-            Some((lease, at)) if at.elapsed() < self.claim_ttl / 4 => Ok(lease),
-            _ => self.grant(self.claim_ttl).await,
+            Some((lease, at)) if at.elapsed() < self.claim_ttl / 4 => Ok((lease, at)),
+            _ => {
+                let asked = Instant::now();
+                Ok((self.grant(self.claim_ttl).await?, asked))
+            }
         }
     }
 
@@ -132,7 +140,7 @@ impl EtcdStore {
     ) -> Result<ClaimOutcome> {
         let k = &self.keys;
         let n = &victim.node;
-        let lease = self.take_claim_lease().await?;
+        let (lease, granted) = self.take_claim_lease().await?;
         let txn = claim_txn(k, victim, controller, lease, guard);
         let (resp, attempt) = self.send_claim(n, controller, txn).await?;
         let ops = resp.op_responses();
@@ -149,8 +157,11 @@ impl EtcdStore {
             tracing::info!(step = "claim", node = %n, attempt, "an earlier claim attempt whose answer was lost had landed: the claim is ours");
             return won(k, &ops[5], &ops[3], kv.create_revision());
         }
-        // The lease was not used: keep it as the spare.
-        *self.spare.lock().await = Some((lease, Instant::now() - self.claim_ttl / 8));
+        // The lease was not used: keep it as the spare, with its real age (issue 26,
+        // hole 3: restamped here, a lease refused claim after refused claim grew old
+        // while looking fresh, so a won claim could expire before the sever that
+        // `check_claim_age` allowed).
+        *self.spare.lock().await = Some((lease, granted));
         Ok(not_won(&ops, guard))
     }
 

@@ -73,6 +73,12 @@ pub struct Protocol {
     /// BROKEN variant of `leave_allows_register`: every clean leave rewrites the
     /// record, also one of an instance that did not register the key itself.
     pub leave_allows_register_always: bool,
+    /// Issue 26, hole 1: a fence is confirmed only when a reservation is held (the
+    /// evidence rule, `nvme_resv::report::fence_evidence`), and `sever` acquires it
+    /// first when none is. Without it (the code before issue 26) `verify` takes "key
+    /// gone" as the evidence, and after a release (no reservation: every host may
+    /// write) the victim keeps writing the arena the fence frees.
+    pub fence_needs_reservation: bool,
 }
 
 impl Protocol {
@@ -91,6 +97,7 @@ impl Protocol {
         unregister_before_release: false,
         leave_allows_register: false,
         leave_allows_register_always: false,
+        fence_needs_reservation: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -109,6 +116,7 @@ impl Protocol {
         register_once_per_boot: true,
         unregister_before_release: true,
         leave_allows_register: true,
+        fence_needs_reservation: true,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -140,6 +148,9 @@ pub struct Budget {
     pub reboots: u8,
     /// Host model only: operator `unfence` runs.
     pub unfences: u8,
+    /// Issue 26: the reservation is released while every key stays registered (a
+    /// holder's `nvme resv-release`, another tool, a target that lost it).
+    pub releases: u8,
 }
 
 /// A model configuration.
@@ -432,6 +443,9 @@ pub struct State {
     pub etcd: Etcd,
     /// The shared namespace: key registered per node.
     pub registered: [bool; N],
+    /// The shared namespace holds a reservation (Write Exclusive - All Registrants):
+    /// only then does an unregistered host's write fail. With none, every host writes.
+    pub reservation: bool,
     /// Agents.
     pub agents: [Agent; N],
     /// Hosts (constant without the host model).
@@ -512,6 +526,10 @@ pub enum Action {
     Crash(u8),
     /// Controller restart (watch from now; the sweep covers the gap).
     Restart(u8),
+    /// Device: the reservation is released, every key stays registered (issue 26).
+    ReservationReleased,
+    /// Agent: the periodic device check finds no reservation held and acquires it.
+    DeviceCheckAcquire(u8),
 }
 
 impl fmt::Display for Action {
@@ -558,6 +576,15 @@ impl fmt::Display for Action {
             Self::FenceStepError(c, v) => write!(f, "c{c}: fence n{v} step failed (etcd error)"),
             Self::Crash(c) => write!(f, "c{c}: crash"),
             Self::Restart(c) => write!(f, "c{c}: restart"),
+            Self::ReservationReleased => {
+                write!(
+                    f,
+                    "device: reservation released (every key stays registered)"
+                )
+            }
+            Self::DeviceCheckAcquire(n) => {
+                write!(f, "n{n}: device check: no reservation held, acquire it")
+            }
         }
     }
 }
@@ -584,7 +611,8 @@ impl State {
     /// device still holds its key.
     pub fn can_write(&self, n: usize, a: usize) -> bool {
         let ag = &self.agents[n];
-        (ag.io && ag.using[a] || self.hosts[n].writer[a]) && self.registered[n]
+        (ag.io && ag.using[a] || self.hosts[n].writer[a])
+            && (self.registered[n] || !self.reservation)
     }
 
     /// The generation the oldest writer of node `n` that uses arena `a` had read.
@@ -717,6 +745,7 @@ impl ProtocolModel {
         let mut s = State {
             etcd,
             registered: [true; N],
+            reservation: true,
             agents,
             hosts: [host; N],
             ctrls: [ctrl.clone(), ctrl],
@@ -806,6 +835,8 @@ impl ProtocolModel {
                     t.agents[n].registered_it = true;
                 }
                 t.registered[n] = true;
+                // agent/mod.rs `unfence`: creates the reservation if none is held.
+                t.reservation = true;
                 t.agents[n].phase = Phase::Unfenced;
             }
             Action::ClaimArena(n) => {
@@ -1017,6 +1048,34 @@ impl ProtocolModel {
                     return None;
                 }
                 t.ctrls[c].alive = true;
+            }
+            Action::ReservationReleased => {
+                // Issue 26's case: released before a fence is confirmed. A release
+                // after a confirmed fence reopens the fenced host's writes until an
+                // agent's device check acquires again (`DeviceCheckAcquire`), which
+                // no fence protocol can prevent: the checker finds that trace (I1)
+                // if this guard is dropped. Not modelled as a protocol fault.
+                let confirmed = s.etcd.generation.iter().any(|&g| g > 0)
+                    || s.ctrls.iter().any(|c| {
+                        c.runs
+                            .iter()
+                            .flatten()
+                            .any(|r| matches!(r.step, Step::Confirmed { .. }))
+                    });
+                if !s.reservation || s.budget.releases == 0 || confirmed {
+                    return None;
+                }
+                t.budget.releases -= 1;
+                t.reservation = false;
+            }
+            Action::DeviceCheckAcquire(n) => {
+                let n = n as usize;
+                // agent/mod.rs `run`, the device tick: a running, registered agent.
+                let running = !matches!(s.agents[n].phase, Phase::Offline | Phase::Joined);
+                if s.reservation || !running || !s.registered[n] {
+                    return None;
+                }
+                t.reservation = true;
             }
             Action::Reboot(n) => {
                 let n = n as usize;
@@ -1243,6 +1302,11 @@ impl ProtocolModel {
                 },
             ) => match self.cfg.fencer {
                 FencerKind::Nvme => {
+                    // fencer/nvme.rs `hold_reservation`: no reservation held, acquire
+                    // it (the controller is a registrant) before the preempt.
+                    if p.fence_needs_reservation {
+                        t.reservation = true;
+                    }
                     if dev_ok {
                         t.registered[v] = false;
                     } else {
@@ -1284,7 +1348,9 @@ impl ProtocolModel {
                     arenas,
                 },
             ) => {
-                let gone = !s.registered[v];
+                // The evidence: the key gone, and (issue 26) a reservation held that
+                // denies the victim. Before issue 26, the key gone alone.
+                let gone = !s.registered[v] && (s.reservation || !p.fence_needs_reservation);
                 let step = if gone || p.bump_without_confirmation {
                     Step::Confirmed {
                         generation,
@@ -1415,6 +1481,12 @@ impl Model for ProtocolModel {
             if s.etcd.claim[i].is_some() {
                 out.push(Action::ClaimLeaseExpired(n));
             }
+            if !s.reservation {
+                out.push(Action::DeviceCheckAcquire(n));
+            }
+        }
+        if b.releases > 0 && s.reservation {
+            out.push(Action::ReservationReleased);
         }
         for c in 0..C as u8 {
             let ctrl = &s.ctrls[c as usize];
@@ -1469,7 +1541,9 @@ impl Model for ProtocolModel {
             | Action::Crash(_)
             | Action::Restart(_)
             | Action::Reboot(_)
-            | Action::OperatorUnfence(_) => self.env_step(s, act),
+            | Action::OperatorUnfence(_)
+            | Action::ReservationReleased
+            | Action::DeviceCheckAcquire(_) => self.env_step(s, act),
             Action::WatchDelete(_)
             | Action::WatchCompacted(_)
             | Action::WatchResume(_)
