@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use etcd_client::EventType;
@@ -65,6 +65,10 @@ pub struct ControllerConfig {
     /// a death it saw was claimed. Longer than a claim transaction takes; it is added
     /// to a fence only when the first-ranked controller died unnoticed.
     pub standby_step: Duration,
+    /// Set by the daemon when its node starts an intentional departure: the
+    /// membership and the presence it then loses are the leave's doing, not an
+    /// incident, and are logged as such.
+    pub leaving: Arc<AtomicBool>,
 }
 
 impl ControllerConfig {
@@ -81,7 +85,13 @@ impl ControllerConfig {
             presence_lease: None,
             presence_ttl: Duration::from_secs(5),
             standby_step: Duration::from_millis(500),
+            leaving: Arc::default(),
         }
+    }
+
+    /// This node is leaving on purpose ([`leaving`](Self::leaving)).
+    fn is_leaving(&self) -> bool {
+        self.leaving.load(Ordering::Relaxed)
     }
 }
 
@@ -351,6 +361,15 @@ impl Controller<EtcdStore> {
             if t0.elapsed() > Duration::from_secs(10) {
                 backoff = Duration::from_millis(100);
             }
+            if self.cfg.is_leaving() {
+                // Not an incident, and nothing to restart: the daemon stops this
+                // controller once the departure is done.
+                tracing::info!(
+                    step = "presence",
+                    "controller presence ended: this node left"
+                );
+                std::future::pending::<()>().await;
+            }
             if why.is_denied() {
                 // An older role without `controller/`: safe (this controller acts as
                 // if alone), but every death costs a claim more.
@@ -529,7 +548,11 @@ impl Controller<EtcdStore> {
                         continue;
                     };
                     if self.cfg.own_node.as_ref() == Some(&node) {
-                        tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: our agent self-fences (it watches its key), the peers fence us");
+                        if self.cfg.is_leaving() {
+                            tracing::info!(step = "watch_delete", node = %node, "our own membership is gone: left");
+                        } else {
+                            tracing::warn!(step = "watch_delete", node = %node, "our own membership is gone: our agent self-fences (it watches its key), the peers fence us");
+                        }
                         continue;
                     }
                     // Anyone with write access to etcd may have put anything there:

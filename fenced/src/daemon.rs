@@ -37,10 +37,12 @@ const MAX_CONNECT_BACKOFF: Duration = Duration::from_secs(10);
 pub enum ConnectError {
     /// No endpoint answered within the time allowed.
     #[error(
-        "etcd unreachable at {endpoints} after {waited_s:.0}s ({attempts} attempts; check that etcd runs there and --etcd-endpoints): {source}"
+        "etcd unreachable at {endpoints} (from {endpoints_from}) after {waited_s:.0}s, {attempts} attempt{}: {source}; check that etcd runs there, or give --etcd-endpoints (or --config)",
+        if *attempts == 1 { "" } else { "s" }
     )]
     Unreachable {
         endpoints: String,
+        endpoints_from: String,
         waited_s: f32,
         attempts: u32,
         #[source]
@@ -71,7 +73,10 @@ pub enum DaemonError {
     Connect(#[from] ConnectError),
     /// `--block-device` does not resolve (missing, a dangling link): the OS cause
     /// follows as the source.
-    #[error("cannot open {}", path.display())]
+    #[error(
+        "cannot open {}: {source}; check --block-device: name the shared namespace that exists on this host (/dev/nvmeXnY, /dev/ngXnY, or better a /dev/disk/by-id/ link, which stays the same across boots: `ls -l /dev/disk/by-id/ | grep nvme` lists them)",
+        path.display()
+    )]
     ResolveDevice {
         path: PathBuf,
         #[source]
@@ -280,6 +285,7 @@ pub async fn connect(
             Err(source @ StoreError::Unavailable { .. }) => {
                 return Err(ConnectError::Unreachable {
                     endpoints: eps,
+                    endpoints_from: etcd.endpoints_from.clone(),
                     waited_s: t0.elapsed().as_secs_f32(),
                     attempts: attempt,
                     source,
@@ -618,20 +624,22 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let signal_err = |signal| move |source| DaemonError::Signal { signal, source };
     let mut term = signal(SignalKind::terminate()).map_err(signal_err("SIGTERM"))?;
     let mut int = signal(SignalKind::interrupt()).map_err(signal_err("SIGINT"))?;
+    // `--role`: the controller alone joins nothing and runs until told to stop; the
+    // agent alone fences no one.
+    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
+    let leaving = ccfg.leaving.clone();
     let leave = async {
         tokio::select! {
             _ = term.recv() => tracing::info!(step = "leave", "SIGTERM: leaving"),
             _ = int.recv() => tracing::info!(step = "leave", "SIGINT: leaving"),
             Some(()) = leave_rx.recv() => {}
         }
+        leaving.store(true, std::sync::atomic::Ordering::Relaxed);
         observer.set_joined(false);
         notifier.stopping(&format!(
             "leaving: {node} quiesces I/O, returns its arenas, departs"
         ));
     };
-    // `--role`: the controller alone joins nothing and runs until told to stop; the
-    // agent alone fences no one.
-    let mut ccfg = ControllerConfig::new(format!("{node}/{instance}"));
     ccfg.sweep_interval = s.sweep;
     ccfg.own_node = (s.role == Role::Both).then(|| node.clone());
     ccfg.observer = observer.clone();

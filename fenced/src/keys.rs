@@ -246,13 +246,42 @@ pub fn decode_arena_name(name: &str) -> Result<&str, Malformed> {
 /// Where an `audit/` key points.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditKey {
-    /// The fenced node.
+    /// The fenced (or unfenced) node.
     pub node: NodeId,
-    /// The generation the fence bumped the node to, or (a failed attempt) the
-    /// generation it found.
+    /// The generation the fence bumped the node to, or (a failed attempt, an unfence)
+    /// the generation it found.
     pub generation: u64,
-    /// A failed attempt: Unix milliseconds of its decision.
-    pub failed_unix_ms: Option<u64>,
+    /// What the record is, from the key's suffix.
+    pub kind: AuditKind,
+}
+
+/// What an audit record records, named by its key's suffix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditKind {
+    /// `<generation>`: a fence that bumped the generation.
+    Fence,
+    /// `<generation>.failed.<ms>`: an attempt that could not be confirmed (decided at
+    /// Unix milliseconds `unix_ms`).
+    Failed {
+        /// Unix milliseconds of the decision.
+        unix_ms: u64,
+    },
+    /// `<generation>.unfence.<ms>`: an operator's `fenced unfence` (at `unix_ms`).
+    Unfence {
+        /// Unix milliseconds of the unfence.
+        unix_ms: u64,
+    },
+}
+
+impl AuditKind {
+    /// The word `fenced audit` and its JSON use: `fence`, `failed` or `unfence`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fence => "fence",
+            Self::Failed { .. } => "failed",
+            Self::Unfence { .. } => "unfence",
+        }
+    }
 }
 
 /// A key under `controller/`.
@@ -441,6 +470,11 @@ impl Keys {
     pub fn audit(&self, node: &NodeId, generation: u64) -> String {
         format!("{}audit/{node}/{generation:020}", self.root)
     }
+    /// `audit/<node>/<generation:020>.unfence.<unix_ms>`: an operator's unfence of a
+    /// node at `generation`.
+    pub fn audit_unfence(&self, node: &NodeId, generation: u64, unix_ms: u64) -> String {
+        format!("{}.unfence.{unix_ms}", self.audit(node, generation))
+    }
     /// `audit/`: every audit record.
     pub fn audit_prefix(&self) -> String {
         format!("{}audit/", self.root)
@@ -536,7 +570,8 @@ impl Keys {
         Ok((arena, NodeId::new(node).map_err(Malformed::KeyNode)?))
     }
 
-    /// `audit/<node>/<generation:020>` or `audit/<node>/<generation:020>.failed.<ms>`.
+    /// `audit/<node>/<generation:020>`, `audit/<node>/<generation:020>.failed.<ms>` or
+    /// `audit/<node>/<generation:020>.unfence.<ms>`.
     pub fn decode_audit_key(&self, key: &[u8]) -> Result<AuditKey, Malformed> {
         let key = std::str::from_utf8(key).map_err(|_| Malformed::KeyNotUtf8)?;
         let rest = key
@@ -546,14 +581,19 @@ impl Keys {
             .split_once('/')
             .ok_or(Malformed::MissingSegment { what: "generation" })?;
         let node = NodeId::new(node).map_err(Malformed::KeyNode)?;
-        let (generation, failed) = match tail.split_once(".failed.") {
-            Some((g, ms)) => (g, Some(decode_u64("failure time", ms.as_bytes())?)),
-            None => (tail, None),
+        let (generation, kind) = if let Some((g, ms)) = tail.split_once(".failed.") {
+            let unix_ms = decode_u64("failure time", ms.as_bytes())?;
+            (g, AuditKind::Failed { unix_ms })
+        } else if let Some((g, ms)) = tail.split_once(".unfence.") {
+            let unix_ms = decode_u64("unfence time", ms.as_bytes())?;
+            (g, AuditKind::Unfence { unix_ms })
+        } else {
+            (tail, AuditKind::Fence)
         };
         Ok(AuditKey {
             node,
             generation: decode_u64("generation", generation.as_bytes())?,
-            failed_unix_ms: failed,
+            kind,
         })
     }
 }
@@ -713,14 +753,31 @@ mod tests {
             Ok(AuditKey {
                 node: NodeId::new("n1").unwrap(),
                 generation: 3,
-                failed_unix_ms: None
+                kind: AuditKind::Fence
             })
         );
         assert_eq!(
             k.decode_audit_key(b"/r/audit/n1/00000000000000000002.failed.1700")
                 .unwrap()
-                .failed_unix_ms,
-            Some(1700)
+                .kind,
+            AuditKind::Failed { unix_ms: 1700 }
+        );
+        // What `fenced unfence` writes reads back as an unfence (it was read as a
+        // 42-byte generation, so `check` warned after every unfence).
+        let unfence = k.audit_unfence(&NodeId::new("n1").unwrap(), 4, 1_700_000_000_123);
+        assert_eq!(
+            k.decode_audit_key(unfence.as_bytes()),
+            Ok(AuditKey {
+                node: NodeId::new("n1").unwrap(),
+                generation: 4,
+                kind: AuditKind::Unfence {
+                    unix_ms: 1_700_000_000_123
+                }
+            })
+        );
+        assert!(
+            k.decode_audit_key(b"/r/audit/n1/00000000000000000002.unfence.x")
+                .is_err()
         );
         assert!(k.decode_audit_key(b"/r/audit/n1/x").is_err());
         assert!(

@@ -95,15 +95,19 @@ enum Error {
 
 /// The error and its causes on one line; a cause already quoted by the message
 /// before it is not repeated.
-fn one_line(e: &dyn std::error::Error) -> String {
+fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
     let mut line = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
+    let mut cur = e;
+    // A StoreError says its etcd cause in words; under it is the etcd client's own
+    // error, whose text is Rust debug output.
+    while cur.downcast_ref::<fenced::store::StoreError>().is_none()
+        && let Some(c) = cur.source()
+    {
         let text = c.to_string();
         if !line.contains(&text) {
             line = format!("{line}: {text}");
         }
-        cause = c.source();
+        cur = c;
     }
     logging::escape(&line)
 }
@@ -111,7 +115,7 @@ fn one_line(e: &dyn std::error::Error) -> String {
 async fn dispatch(cmd: Cmd) -> Result<ExitCode, Error> {
     Ok(match cmd {
         Cmd::Run(args) => {
-            let file = config::load_file(args.etcd.config.as_deref())?;
+            let file = config::load_file(args.etcd.config_path().as_deref())?;
             let settings = Settings::resolve(&args, file)?;
             logging::init(settings.log_json, "info");
             daemon::run(settings).await?

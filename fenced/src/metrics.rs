@@ -85,6 +85,11 @@ struct TaskLabels {
 
 type SecondsGauge = Gauge<f64, AtomicU64>;
 
+/// `fenced_fences_total`'s `result` label: every value [`Observer::fence_ended`] gives.
+const FENCE_RESULTS: [&str; 3] = ["fenced", "skipped", "failed"];
+/// `fenced_sweeps_total`'s `result` label.
+const SWEEP_RESULTS: [&str; 2] = ["ok", "error"];
+
 fn step_histogram() -> Histogram {
     // 1 ms .. ~33 s: a claim transaction to a slow EBS detach.
     Histogram::new(exponential_buckets(0.001, 2.0, 16))
@@ -238,6 +243,21 @@ impl Metrics {
             "Reservation commands by result: ok, the NVMe status code (SCT/SC, e.g. 0x083 reservation conflict), ioctl_error or other",
             m.device_commands.clone(),
         );
+        // Counters an alert is written on exist from the start at 0 (the Prometheus
+        // convention): `increase(fenced_fences_total{result="failed"}[5m])` has a
+        // series to read before the first fence, and a new daemon's first fence is an
+        // increase from 0 rather than a series that appears.
+        for result in FENCE_RESULTS {
+            for trigger in [Trigger::Watch, Trigger::Sweep, Trigger::Operator] {
+                drop(m.fences.get_or_create(&FenceLabels {
+                    result,
+                    trigger: trigger_name(trigger),
+                }));
+            }
+        }
+        for result in SWEEP_RESULTS {
+            drop(m.sweeps.get_or_create(&ResultLabels { result }));
+        }
         r.register(
             "ready",
             "1 while joined with a fresh lease (what /readyz answers)",
@@ -558,6 +578,7 @@ impl Observer {
             | FenceState::Claimed { .. }
             | FenceState::Severed { .. } => "failed",
         };
+        debug_assert!(FENCE_RESULTS.contains(&result));
         self.m()
             .fences
             .get_or_create(&FenceLabels {
@@ -584,7 +605,7 @@ impl Observer {
 
     /// A sweep ended after `d`; `seen`: (members, claims, owed) of its snapshot.
     pub fn sweep_done(&self, d: Duration, ok: bool, seen: Option<(usize, usize, usize)>) {
-        let result = if ok { "ok" } else { "error" };
+        let result = SWEEP_RESULTS[usize::from(!ok)];
         self.m()
             .sweeps
             .get_or_create(&ResultLabels { result })
@@ -936,6 +957,26 @@ mod tests {
         let c = Observer::new();
         c.ready_without_agent("controller c1 running");
         assert_eq!(c.watchdog_ok(Instant::now()), Ok(()));
+    }
+
+    #[test]
+    fn alerting_counters_exist_at_zero_before_anything_happens() {
+        let text = Observer::new().encode();
+        for result in ["fenced", "skipped", "failed"] {
+            for trigger in ["watch", "sweep", "operator"] {
+                let line =
+                    format!("fenced_fences_total{{result=\"{result}\",trigger=\"{trigger}\"}} 0\n");
+                assert!(text.contains(&line), "{line} missing from:\n{text}");
+            }
+        }
+        assert!(
+            text.contains("fenced_sweeps_total{result=\"ok\"} 0\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fenced_sweeps_total{result=\"error\"} 0\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -96,6 +96,17 @@ fn unreachable_etcd_is_retried_with_backoff_then_reported() {
         last.starts_with("fenced: etcd unreachable at http://127.0.0.1:"),
         "{e}"
     );
+    // Words, not the client's Debug output; which setting named the endpoint.
+    assert!(
+        last.contains("(from --etcd-endpoints or FENCED_ETCD_ENDPOINTS)")
+            && last.contains(
+                ": connection refused (nothing listens there); check that etcd runs there"
+            ),
+        "{last}"
+    );
+    for debug in ["tonic::", "Os {", "ConnectError(", "attempts;"] {
+        assert!(!last.contains(debug), "{debug} in {last}");
+    }
     assert!(t0.elapsed() >= Duration::from_secs(1));
 }
 
@@ -158,6 +169,11 @@ fn block_device_links_are_resolved_and_missing_paths_named() {
             "fenced: cannot open {}: No such file or directory",
             dir.path().join("nvme-gone").display()
         )),
+        "{e}"
+    );
+    // More than the OS error: which setting, and what to give instead.
+    assert!(
+        e.contains("check --block-device") && e.contains("/dev/disk/by-id/"),
         "{e}"
     );
 }
@@ -312,4 +328,66 @@ fn operator_attestation_is_refused_while_member_then_fences_once_with_the_reason
         "{v}"
     );
     assert!(v.contains("\"trigger\":\"operator\""), "{v}");
+}
+
+/// `fenced etcd-roles` without `--apply` prints what `--apply` does: its commands, run
+/// as a shell script against one etcd, leave the same roles, users and keys as
+/// `--apply` against another (the generation and fence-mark seeding included, which
+/// the printed commands once left out).
+#[test]
+fn etcd_roles_prints_exactly_what_apply_does() {
+    let printed_on = Etcd::start();
+    let applied_on = Etcd::start();
+    let roles = |etcd: &Etcd, apply: bool| {
+        let mut c = fenced();
+        c.args([
+            "etcd-roles",
+            "--root",
+            "/r",
+            "--nodes",
+            "a,b",
+            "--arenas",
+            "x,y",
+        ])
+        .args(["--etcd-endpoints", &etcd.endpoint()]);
+        if apply {
+            c.arg("--apply");
+        }
+        let o = c.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let script = roles(&printed_on, false);
+    assert!(
+        script.contains(&format!(
+            "export ETCDCTL_ENDPOINTS='{}'",
+            printed_on.endpoint()
+        )),
+        "{script}"
+    );
+    let o = std::process::Command::new("sh")
+        .args(["-euc", &script])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{script}\n{}", stderr(&o));
+    roles(&applied_on, true);
+    let state = |etcd: &Etcd| {
+        let mut out = vec![
+            etcdctl(etcd, &["role", "list"]),
+            etcdctl(etcd, &["user", "list"]),
+        ];
+        for role in etcdctl(etcd, &["role", "list"]).lines() {
+            out.push(etcdctl(etcd, &["role", "get", role]));
+        }
+        for user in etcdctl(etcd, &["user", "list"]).lines() {
+            out.push(etcdctl(etcd, &["user", "get", user]));
+        }
+        out.push(etcdctl(etcd, &["get", "/r", "--prefix"]));
+        out.join("\n")
+    };
+    let printed = state(&printed_on);
+    assert!(printed.contains("/r/gen/a\n0\n"), "{printed}");
+    assert!(printed.contains("/r/fence_done/b\n0\n"), "{printed}");
+    assert!(printed.contains("/r/arena_pool/y\n"), "{printed}");
+    assert_eq!(printed, state(&applied_on));
 }

@@ -196,6 +196,39 @@ fn a_fenced_node_restarted_on_the_same_boot_is_refused_until_reboot_or_unfence()
     );
     assert!(audit.contains("\"operator\":\"alice\""), "{audit}");
     assert!(audit.contains("\"action\":\"unfence\""), "{audit}");
+    // The unfence's record reads back as an unfence, not as a malformed record (it was
+    // read as a 42-byte generation, so `check` stayed WARNING after every unfence).
+    let o = fenced()
+        .args([
+            "check",
+            "--root",
+            ROOT,
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+        ])
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(line.contains("malformed=0"), "{line}");
+    assert_eq!(o.status.code(), Some(0), "{line}{}", stderr(&o));
+    let o = fenced()
+        .args([
+            "audit",
+            "--root",
+            ROOT,
+            "--etcd-endpoints",
+            &etcd.endpoint(),
+        ])
+        .args(["--node", "n3"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let shown = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        shown.contains("n3 UNFENCED at generation 1 by alice") && shown.contains(reason),
+        "{shown}"
+    );
+    assert!(shown.contains("fenced, generation 0 -> 1"), "{shown}");
     let mut d3 = daemon(&etcd, "n3", dir);
     wait("n3 member after unfence", || is_member(&etcd, "n3"));
     // A member cannot be unfenced.

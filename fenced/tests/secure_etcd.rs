@@ -528,7 +528,7 @@ async fn a_node_cannot_claim_or_release_another_nodes_arena() {
     sec.add_user("ops", None, &["fenced-operator"]).await;
     // Agents only, one arena each, from the pool `--apply` seeded.
     let dir = tempfile::tempdir().unwrap();
-    let agent = |n: &str| args_of(&sec, n, &["--role", "agent", "--arenas", "1"]);
+    let agent = |n: &str| args_of(&sec, n, &["--role", "agent", "--arena-count", "1"]);
     let (a_args, b_args) = (agent("a"), agent("b"));
     let mut a = FencedRun::start(&ep, ROOT, "a", dir.path(), &strs(&a_args), &[]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
@@ -642,7 +642,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
         run_exits(
             &ep,
             n,
-            &args_of(&sec, n, &[&["--arenas", "1"][..], extra].concat()),
+            &args_of(&sec, n, &[&["--arena-count", "1"][..], extra].concat()),
         )
     };
     // An agent refuses to start next to them, naming them and the way out.
@@ -695,7 +695,7 @@ async fn arena_records_of_the_older_layout_are_refused_until_converted() {
     .await;
     assert_eq!(legacy(&mut root).await, 0);
     // b starts now, and claims y: x is a's.
-    let b_args = args_of(&sec, "b", &["--role", "agent", "--arenas", "1"]);
+    let b_args = args_of(&sec, "b", &["--role", "agent", "--arena-count", "1"]);
     let mut b = FencedRun::start(&ep, ROOT, "b", dir.path(), &strs(&b_args), &[]);
     let logs = || logs_of(&[("b", &b), ("ctl", &c)]);
     wait_for("b claimed y", Duration::from_secs(30), logs, async || {

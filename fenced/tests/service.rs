@@ -446,6 +446,7 @@ async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
     );
     wait_members(&store, &["a"]).await;
     wait_ready(&notify, Duration::from_secs(10)).await;
+    let logged_before_leave = a.log().len();
     // What the unit's ExecStop= runs.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_fenced"))
         .args(["leave", "--pid-file", &pid_arg])
@@ -461,7 +462,15 @@ async fn a_leave_sends_stopping_and_the_daemon_exits_cleanly() {
         .position(|m| m.starts_with("STOPPING=1\nSTATUS=leaving: a quiesces I/O"))
         .unwrap_or_else(|| panic!("no STOPPING=1 in {text:?}"));
     assert!(ready < stopping, "{text:?}");
-    assert!(a.log().contains("departed: marker written"), "{}", a.log());
+    let log = a.log();
+    assert!(log.contains("departed: marker written"), "{log}");
+    // A leave is not an incident: nothing warns (its own controller saw its
+    // membership and presence go, and said so at INFO).
+    let warnings: Vec<&str> = log[logged_before_leave..]
+        .lines()
+        .filter(|l| l.contains(" WARN "))
+        .collect();
+    assert!(warnings.is_empty(), "a clean leave warned: {warnings:#?}");
 }
 
 /// Daemon a under `root` on `etcd`, with `/metrics` on a free port and the fail points

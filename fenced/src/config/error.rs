@@ -33,6 +33,12 @@ pub enum ConfigError {
         /// The parser's one-line message (its `Display` is a multi-line snippet).
         message: String,
     },
+    /// An environment variable of an older release that would now be ignored.
+    #[error("{old} was renamed {new}: set {new} instead (the old name would be ignored)")]
+    Renamed {
+        old: &'static str,
+        new: &'static str,
+    },
     /// `run` without a node id.
     #[error("missing --node-id (or FENCED_NODE_ID, or node_id in the config)")]
     MissingNodeId,

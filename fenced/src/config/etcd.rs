@@ -18,6 +18,10 @@ pub struct EtcdSettings {
     pub root: String,
     /// TLS files and credentials (the files are read when connecting).
     pub security: EtcdSecurity,
+    /// Where the endpoints came from, for an error that says which etcd was tried and
+    /// why that one ("--etcd-endpoints", "config /etc/fenced/fenced.toml", "the
+    /// default").
+    pub endpoints_from: String,
 }
 
 /// Environment variable holding the etcd password (when no password file is given).
@@ -66,6 +70,18 @@ impl EtcdSettings {
                 user: cli.etcd_user.clone().or_else(|| file.etcd_user.clone()),
                 password_file: pick(&cli.etcd_password_file, &file.etcd_password_file),
                 password: std::env::var(ETCD_PASSWORD_ENV).ok(),
+            },
+            endpoints_from: match (&cli.etcd_endpoints, &file.etcd_endpoints) {
+                (Some(_), _) => "--etcd-endpoints or FENCED_ETCD_ENDPOINTS".to_owned(),
+                (None, Some(_)) => match cli.config_path() {
+                    Some(p) => format!("etcd_endpoints in {}", p.display()),
+                    None => "the config file".to_owned(),
+                },
+                (None, None) => format!(
+                    "the default: no --etcd-endpoints, FENCED_ETCD_ENDPOINTS or config file{}",
+                    cli.config_path()
+                        .map_or(String::new(), |p| format!(" key (read {})", p.display()))
+                ),
             },
             endpoints: cli
                 .etcd_endpoints

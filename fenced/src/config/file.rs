@@ -76,10 +76,15 @@ pub(crate) fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> 
     for (key, value) in &table {
         let one = toml::Table::from_iter([(key.clone(), value.clone())]);
         if let Err(error) = toml::Value::Table(one).try_into::<Layer>() {
+            let message = if Layer::KEYS.contains(&key.as_str()) {
+                flat(error.message())
+            } else {
+                unknown_key(key)
+            };
             return Err(ConfigError::Key {
                 path: path.to_owned(),
                 key: key.clone(),
-                message: flat(error.message()),
+                message,
             });
         }
     }
@@ -90,4 +95,44 @@ pub(crate) fn parse_file(path: &Path, text: &str) -> Result<Layer, ConfigError> 
             line: 1,
             message: flat(error.message()),
         })
+}
+
+/// An unknown key's message: the nearest known key when one is close (a typo, `-` for
+/// `_`), instead of all thirty-odd.
+fn unknown_key(key: &str) -> String {
+    let normalised = key.replace('-', "_");
+    // A key cut short (`ttl` for `ttl_secs`), else the nearest by edits.
+    let prefixed = Layer::KEYS
+        .iter()
+        .filter(|k| normalised.len() >= 3 && k.starts_with(&format!("{normalised}_")))
+        .min_by_key(|k| k.len());
+    let nearest = Layer::KEYS
+        .iter()
+        .map(|k| (edit_distance(&normalised, k), *k))
+        .min()
+        .filter(|(d, _)| *d <= 2.max(key.len() / 4))
+        .map(|(_, k)| k);
+    match prefixed.copied().or(nearest) {
+        Some(k) => format!("unknown key; did you mean `{k}`?"),
+        _ => "unknown key (the keys are the long flags of `fenced run --help`, with underscores)"
+            .to_owned(),
+    }
+}
+
+/// Levenshtein distance between two short ASCII-ish strings.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
 }

@@ -196,14 +196,30 @@ impl Settings {
             )
         })
         .transpose()?;
-        if let Some(arenas) = &cli.seed_arenas {
+        if std::env::var_os("FENCED_ARENAS").is_some()
+            && std::env::var_os("FENCED_ARENA_COUNT").is_none()
+        {
+            return Err(ConfigError::Renamed {
+                old: "FENCED_ARENAS",
+                new: "FENCED_ARENA_COUNT",
+            });
+        }
+        let seed_arenas = l.seed_arenas.or(file.seed_arenas);
+        let pid_file = l.pid_file.or(file.pid_file);
+        let control_socket = l.control_socket.or(file.control_socket).or_else(|| {
+            pid_file
+                .as_ref()
+                .map(|p| p.with_extension("sock"))
+                .filter(|s| Some(s) != pid_file.as_ref())
+        });
+        if let Some(arenas) = &seed_arenas {
             for a in arenas {
                 check_name("--seed-arenas", a)?;
             }
         }
         for (setting, p) in [
-            ("--pid-file", cli.pid_file.as_deref()),
-            ("--control-socket", cli.control_socket.as_deref()),
+            ("--pid-file", pid_file.as_deref()),
+            ("--control-socket", control_socket.as_deref()),
             ("--watchdog-device", l.watchdog_device.as_deref()),
             ("--block-device", block_device.as_deref()),
         ] {
@@ -211,12 +227,7 @@ impl Settings {
                 check_path(setting, p)?;
             }
         }
-        let control_socket = cli.control_socket.clone().or_else(|| {
-            cli.pid_file
-                .as_ref()
-                .map(|p| p.with_extension("sock"))
-                .filter(|s| Some(s) != cli.pid_file.as_ref())
-        });
+
         Ok(Self {
             etcd,
             node,
@@ -230,21 +241,24 @@ impl Settings {
             self_fence_margin,
             claim_ttl,
             sweep,
-            arenas: l.arenas.or(file.arenas).unwrap_or(defaults::ARENAS),
+            arenas: l
+                .arena_count
+                .or(file.arena_count)
+                .unwrap_or(defaults::ARENAS),
             watchdog_device: l.watchdog_device.or(file.watchdog_device),
             connect_timeout,
             etcd_keepalive_timeout,
-            seed_arenas: cli.seed_arenas.clone(),
-            pid_file: cli.pid_file.clone(),
+            seed_arenas,
+            pid_file,
             control_socket,
-            log_json: cli.log_json,
+            log_json: l.log_json || file.log_json,
             on_fence,
             boot_id_file: cli
                 .boot_id_file
                 .clone()
                 .unwrap_or_else(|| PathBuf::from(fenced::agent::BOOT_ID_FILE)),
             allow_unidentified_namespace: cli.allow_unidentified_namespace,
-            metrics_listen: cli.metrics_listen,
+            metrics_listen: l.metrics_listen.or(file.metrics_listen),
         })
     }
 }
@@ -389,6 +403,16 @@ mod tests {
     }
 
     #[test]
+    fn the_package_config_is_read_when_no_config_is_named() {
+        let pkg = Some(PathBuf::from(args::PACKAGE_CONFIG));
+        assert_eq!(args::config_path(None, true), pkg);
+        assert_eq!(args::config_path(None, false), None);
+        let mine = Path::new("/tmp/mine.toml");
+        assert_eq!(args::config_path(Some(mine), true), Some(mine.to_owned()));
+        assert_eq!(args::config_path(Some(mine), false), Some(mine.to_owned()));
+    }
+
+    #[test]
     fn defaults_when_nothing_is_set() {
         let s = Settings::resolve(
             &cli(&["--node-id", "n1", "--fencer", "none"]),
@@ -404,7 +428,13 @@ mod tests {
                     password: std::env::var(ETCD_PASSWORD_ENV).ok(),
                     ..EtcdSecurity::default()
                 },
+                endpoints_from: s.etcd.endpoints_from.clone(),
             }
+        );
+        assert!(
+            s.etcd.endpoints_from.starts_with("the default"),
+            "{}",
+            s.etcd.endpoints_from
         );
         assert_eq!(s.ttl, Duration::from_secs(5));
         assert_eq!(s.self_fence_margin, Duration::from_secs(10));
@@ -617,14 +647,98 @@ mod tests {
             matches!(&e, ConfigError::Key { key, .. } if key == "ttl"),
             "{e}"
         );
-        assert!(e.to_string().contains("key `ttl`: unknown field"), "{e}");
-        // Command-line-only flags are not config keys.
-        for k in [
-            "pid_file = \"/run/f.pid\"",
-            "log_json = true",
-            "config = \"x\"",
-        ] {
-            assert!(matches!(file(k), Err(ConfigError::Key { .. })), "{k}");
+        assert!(
+            e.to_string()
+                .contains("key `ttl`: unknown key; did you mean `ttl_secs`?"),
+            "{e}"
+        );
+        // The nearest key, not the whole list.
+        let e = file("ttl_sec = 5\n").unwrap_err().to_string();
+        assert!(e.ends_with("unknown key; did you mean `ttl_secs`?"), "{e}");
+        let e = file("metrics-listen = \"127.0.0.1:9\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("did you mean `metrics_listen`?"), "{e}");
+        let e = file("colour = 1\n").unwrap_err().to_string();
+        assert!(!e.contains("did you mean"), "{e}");
+        // The file names itself on the command line only.
+        assert!(matches!(
+            file("config = \"x\""),
+            Err(ConfigError::Key { .. })
+        ));
+    }
+
+    /// README: "every flag has an environment variable and a TOML config key". Over the
+    /// whole of `fenced run`'s flags: each has a `FENCED_*` variable named after it, and
+    /// each but the deliberate exceptions is a key of the file, listed in
+    /// [`Layer::KEYS`] (which the file's misspelling hints use).
+    #[test]
+    fn every_flag_has_a_variable_and_a_config_key() {
+        use clap::CommandFactory;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        // Command line and environment only, on purpose: the file names itself; two
+        // test-only overrides; and an override that weakens a safety check, which a
+        // config file shared between hosts must not carry.
+        const NOT_IN_FILE: [&str; 4] = [
+            "config",
+            "boot_id_file",
+            "sysrq_trigger_file",
+            "allow_unidentified_namespace",
+        ];
+        let cmd = Cli::command();
+        let mut flags = 0;
+        for arg in cmd.get_arguments() {
+            let Some(long) = arg.get_long() else { continue };
+            if ["help", "version"].contains(&long) {
+                continue;
+            }
+            flags += 1;
+            // Every flag says its default (README: `fenced run --help` is the reference).
+            let help = [arg.get_help(), arg.get_long_help()]
+                .into_iter()
+                .flatten()
+                .map(|h| h.to_string().to_lowercase())
+                .collect::<String>();
+            assert!(
+                help.contains("default") || help.contains("required"),
+                "--{long}'s help names no default: {help}"
+            );
+            let key = long.replace('-', "_");
+            let var = match key.as_str() {
+                // Its variable predates the rule; renaming it would break units.
+                "watchdog_device" => "FENCED_WATCHDOG".to_owned(),
+                _ => format!("FENCED_{}", key.to_uppercase()),
+            };
+            assert_eq!(
+                arg.get_env().and_then(|v| v.to_str()),
+                Some(var.as_str()),
+                "--{long} has no {var}"
+            );
+            if NOT_IN_FILE.contains(&key.as_str()) {
+                assert!(!Layer::KEYS.contains(&key.as_str()), "{key}");
+                continue;
+            }
+            assert!(
+                Layer::KEYS.contains(&key.as_str()),
+                "--{long}: no key {key}"
+            );
+            // Known to the file's schema: any error is about the value, never the key.
+            if let Err(e) = file(&format!("{key} = \"x\"\n")) {
+                assert!(!e.to_string().contains("unknown key"), "{key}: {e}");
+            }
+        }
+        assert!(flags >= 30, "only {flags} flags seen");
+        // And no key without a flag (the etcd and approval keys' flags are declared by
+        // EtcdArgs and `fenced attest`).
+        for key in Layer::KEYS {
+            let long = key.replace('_', "-");
+            let flag = cmd.get_arguments().any(|a| a.get_long() == Some(&long))
+                || ["approvals", "approval_timeout_secs"].contains(key);
+            assert!(flag, "config key {key} has no flag");
         }
     }
 
@@ -708,12 +822,13 @@ mod tests {
 
     #[test]
     fn the_example_config_shows_every_key() {
-        // The parser's own list of the keys it accepts, from its unknown-key message
-        // ("unknown field `x`, expected one of `a`, `b`, ...").
-        let e = file("not_a_key = 1").unwrap_err();
-        let ConfigError::Key { message, .. } = &e else {
-            panic!("{e}");
-        };
+        // The parser's own list of the keys it accepts, from serde's unknown-field
+        // message ("unknown field `x`, expected one of `a`, `b`, ..."): the same as
+        // Layer::KEYS, which the misspelling hints use.
+        let message = toml::from_str::<Layer>("not_a_key = 1")
+            .unwrap_err()
+            .message()
+            .to_owned();
         let expected = message
             .split_once("expected one of ")
             .unwrap_or_else(|| panic!("no key list in {message:?}"))
@@ -723,6 +838,12 @@ mod tests {
             keys.contains(&"node_id") && keys.contains(&"root"),
             "{keys:?}"
         );
+        let mut schema: Vec<&str> = keys.iter().copied().filter(|k| *k != "arenas").collect();
+        let mut listed = Layer::KEYS.to_vec();
+        schema.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(schema, listed, "Layer::KEYS differs from the file's schema");
+        let keys = listed;
         let shown: Vec<&str> = example_assignments()
             .iter()
             .filter_map(|l| l.split_once(" = ").map(|(k, _)| k))

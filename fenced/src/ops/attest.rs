@@ -40,10 +40,11 @@ pub struct AttestArgs {
     /// Your out-of-band evidence, recorded verbatim in the audit record.
     #[arg(long)]
     reason: String,
-    /// Who attests (default $USER). Ignored when etcd authenticates this command
-    /// (--etcd-user, or a client certificate): the audit record names that identity.
-    #[arg(long, env = "USER", default_value = "operator")]
-    operator: String,
+    /// Who attests. Ignored when etcd authenticates this command (--etcd-user, or a
+    /// client certificate): the audit record names that identity. Default: $SUDO_USER,
+    /// else $USER, else the uid.
+    #[arg(long)]
+    operator: Option<String>,
     /// Fence even if its liveness is unknown (no record) or its agent's lease is
     /// still alive in etcd (you are certain). Never overrides "unknown node", "still a
     /// member", "being fenced" or "already fenced".
@@ -82,9 +83,10 @@ pub struct ApproveArgs {
     /// Your own out-of-band evidence, recorded in the audit record.
     #[arg(long)]
     reason: String,
-    /// Who approves (default $USER); ignored when etcd authenticates this command.
-    #[arg(long, env = "USER", default_value = "operator")]
-    operator: String,
+    /// Who approves. Ignored when etcd authenticates this command (--etcd-user, or a
+    /// client certificate). Default: $SUDO_USER, else $USER, else the uid.
+    #[arg(long)]
+    operator: Option<String>,
 }
 
 /// Why an attestation is refused or did not complete.
@@ -333,11 +335,7 @@ pub async fn approve(args: ApproveArgs) -> Result<ExitCode, OpError> {
     if args.reason.trim().is_empty() {
         return Err(AttestError::NoReason.into());
     }
-    let file = crate::config::load_file(args.etcd.config.as_deref())?;
-    let me = crate::config::EtcdSettings::resolve(&args.etcd, &file)?
-        .security
-        .identity()
-        .unwrap_or(args.operator);
+    let me = super::operator::resolve(&args.etcd, args.operator)?;
     let store = super::connect(&args.etcd).await?;
     let pending = store
         .approvals(&node)
@@ -381,18 +379,13 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
     if own.as_ref() == Some(&node) {
         return Err(AttestError::OwnNode { node }.into());
     }
-    let file = crate::config::load_file(args.etcd.config.as_deref())?;
+    let file = crate::config::load_file(args.etcd.config_path().as_deref())?;
     let approval = crate::config::ApprovalSettings::resolve(
         args.approvals,
         args.approval_timeout_secs,
         &file,
     )?;
-    // The identity etcd authenticated (user, else certificate CN) when there is one:
-    // a name anyone can type is not evidence of who attested.
-    let operator = crate::config::EtcdSettings::resolve(&args.etcd, &file)?
-        .security
-        .identity()
-        .unwrap_or(args.operator);
+    let operator = super::operator::resolve(&args.etcd, args.operator)?;
     let store = super::connect(&args.etcd).await?;
     let (view, _) = store
         .attest_view(&node)

@@ -1,4 +1,4 @@
-//! `fenced audit`: the fence records, failed attempts included, readable — who fenced
+//! `fenced audit`: the fence records, failed attempts and unfences included, readable — who fenced
 //! whom, what started it, the signals, the fencer's evidence, step durations, the
 //! generation before and after. One range read; nothing is written.
 
@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use fenced::NodeId;
+use fenced::keys::AuditKind;
 use fenced::store::{AuditItem, AuditView, json_text};
 
 use super::OpError;
@@ -90,6 +91,26 @@ fn selected(view: &AuditView, since_ms: u64) -> Vec<&AuditItem> {
 /// One record as text: a headline, then the evidence.
 pub fn render(item: &AuditItem) -> String {
     let a = &item.record;
+    if matches!(item.kind, AuditKind::Unfence { .. }) {
+        return format!(
+            "{}  {} UNFENCED at generation {} by {}{}: {}\n    record: {}\n",
+            fmt_unix_ms(a.unix_ms),
+            item.node,
+            a.generation,
+            if a.operator.is_empty() {
+                "?"
+            } else {
+                &a.operator
+            },
+            if a.host.is_empty() {
+                String::new()
+            } else {
+                format!(" on {}", a.host)
+            },
+            a.reason,
+            item.key
+        );
+    }
     let outcome = if item.failed {
         format!("FAILED attempt, generation stays {}", a.generation_before)
     } else {

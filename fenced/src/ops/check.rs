@@ -8,8 +8,8 @@ use std::fmt;
 use std::process::ExitCode;
 
 use fenced::store::{
-    HISTORY_WARNING_REVISIONS, SpaceFinding, SpaceLevel, Status, StoreOptions, judge_space,
-    probe_endpoints,
+    HISTORY_WARNING_REVISIONS, NodeRow, SpaceFinding, SpaceLevel, Status, StoreOptions,
+    judge_space, probe_endpoints,
 };
 
 use super::OpError;
@@ -121,26 +121,42 @@ pub fn verdict(
         }
     }
     let members = s.nodes.values().filter(|r| r.member).count();
+    // A node `fenced etcd-roles --apply` seeded (its generation and fence mark) whose
+    // agent never started: not a member, but not one that went missing either.
+    let never_joined = |r: &NodeRow| {
+        !r.member
+            && r.liveness_stamp_unix_ms.is_none()
+            && r.last_fence.is_none()
+            && r.owed.is_none()
+            && r.failed_attempts == 0
+    };
     if let Some(want) = t.expect_members
         && members < want
     {
-        let missing: Vec<&str> = s
+        let (unjoined, missing): (Vec<_>, Vec<_>) = s
             .nodes
             .iter()
             .filter(|(_, r)| !r.member)
-            .map(|(n, _)| n.as_str())
-            .collect();
-        problems.push((
-            Level::Warning,
-            format!(
-                "{members} of {want} expected members (not members: {})",
-                if missing.is_empty() {
-                    "none known".to_owned()
-                } else {
-                    missing.join(" ")
-                }
-            ),
-        ));
+            .partition(|(_, r)| never_joined(r));
+        let names = |rows: &[(&String, &NodeRow)]| {
+            rows.iter()
+                .map(|(n, _)| n.as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut line = format!(
+            "{members} of {want} expected members (not members: {}",
+            if missing.is_empty() {
+                "none known".to_owned()
+            } else {
+                names(&missing)
+            }
+        );
+        if !unjoined.is_empty() {
+            line.push_str(&format!("; not yet joined: {}", names(&unjoined)));
+        }
+        line.push(')');
+        problems.push((Level::Warning, line));
     }
     let out: Vec<&(String, Option<String>)> =
         endpoints.iter().filter(|(_, t)| t.is_some()).collect();
@@ -196,7 +212,7 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
     };
     // Anything that keeps the check from reading the records is UNKNOWN (3), as
     // monitoring plugins report "could not check", never OK.
-    let unknown = |e: &dyn std::error::Error| {
+    let unknown = |e: &(dyn std::error::Error + 'static)| {
         println!("FENCED UNKNOWN - {}", crate::one_line(e));
         Ok(ExitCode::from(Level::Unknown.code()))
     };
@@ -208,7 +224,7 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
         Ok(s) => s,
         Err(e) => return unknown(&OpError::store("read the cluster status")(e)),
     };
-    let file = match config::load_file(args.etcd.config.as_deref()) {
+    let file = match config::load_file(args.etcd.config_path().as_deref()) {
         Ok(f) => f,
         Err(e) => return unknown(&e),
     };
@@ -306,6 +322,28 @@ mod tests {
             "{line}"
         );
         assert_eq!(line.lines().count(), 1);
+
+        // Seeded by `etcd-roles --apply` (generation 0, fence mark) but never started:
+        // "not yet joined", not a member gone missing.
+        let seeded = NodeRow {
+            generation: Some(0),
+            fenced_to: Some(0),
+            ..NodeRow::default()
+        };
+        let s = status(&[("n1", member.clone()), ("n2", seeded)]);
+        let (l, line) = verdict(&s, &[], &[], T, 100_000);
+        assert_eq!(l, Level::Warning, "{line}");
+        assert!(
+            line.contains("1 of 2 expected members (not members: none known; not yet joined: n2)"),
+            "{line}"
+        );
+        let gone = NodeRow {
+            liveness_stamp_unix_ms: Some(1),
+            ..NodeRow::default()
+        };
+        let s = status(&[("n1", member.clone()), ("n2", gone)]);
+        let (_, line) = verdict(&s, &[], &[], T, 100_000);
+        assert!(line.contains("(not members: n2)"), "{line}");
 
         // Age unknown: WARNING, never OK.
         let s = status(&[

@@ -8,6 +8,7 @@ pub mod audit;
 pub mod check;
 pub mod format;
 pub mod leave;
+pub mod operator;
 pub mod probe;
 pub mod roles;
 pub mod status;
@@ -62,7 +63,7 @@ impl OpError {
 /// Endpoints and root from the flags, the environment or the config file; connect,
 /// waiting at most [`CLI_ETCD_WAIT`] (or `FENCED_CONNECT_TIMEOUT_SECS`).
 async fn connect(etcd: &EtcdArgs) -> Result<EtcdStore, OpError> {
-    let file = config::load_file(etcd.config.as_deref())?;
+    let file = config::load_file(etcd.config_path().as_deref())?;
     let settings = EtcdSettings::resolve(etcd, &file)?;
     let wait = config::command_wait(CLI_ETCD_WAIT)?;
     Ok(daemon::connect(

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use fenced::NodeId;
 use fenced::keys::Keys;
-use fenced::store::roles::{EtcdRole, apply_roles, role_plan};
+use fenced::store::roles::{apply_roles, role_plan, role_steps};
 
 use super::OpError;
 use crate::config::{self, EtcdArgs, EtcdSettings};
@@ -37,30 +37,33 @@ fn arena_name(s: &str) -> Result<String, String> {
         .map_err(|e| e.to_string())
 }
 
-/// The `etcdctl` commands that create `roles` and put `arenas` into the pool (what
-/// `--apply` does, minus the seeded generations).
-fn commands(keys: &Keys, roles: &[EtcdRole], arenas: &[String]) -> Vec<String> {
-    let mut out = Vec::new();
-    for r in roles {
-        out.push(format!("etcdctl role add {}", r.name));
-        for g in &r.grants {
-            out.push(format!(
-                "etcdctl role grant-permission {}{} {} {}",
-                r.name,
-                if g.prefix { " --prefix" } else { "" },
-                if g.write { "readwrite" } else { "read" },
-                g.key
-            ));
-        }
-        if let Some(n) = &r.node {
-            out.push(format!("etcdctl user add {n} --no-password"));
-            out.push(format!("etcdctl user grant-role {n} {}", r.name));
+/// Shell-quoted `value` (single quotes).
+fn quoted(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "'\\''"))
+}
+
+/// The `ETCDCTL_*` variables that point `etcdctl` at `settings`' etcd with its TLS
+/// files and user, as `export` lines (the password is never printed: etcdctl asks).
+fn etcdctl_env(settings: &EtcdSettings) -> Vec<String> {
+    let mut vars = vec![
+        ("ETCDCTL_API", "3".to_owned()),
+        ("ETCDCTL_ENDPOINTS", settings.endpoints.join(",")),
+    ];
+    let sec = &settings.security;
+    let path = |p: &Option<std::path::PathBuf>| p.as_ref().map(|p| p.display().to_string());
+    for (name, value) in [
+        ("ETCDCTL_CACERT", path(&sec.ca)),
+        ("ETCDCTL_CERT", path(&sec.cert)),
+        ("ETCDCTL_KEY", path(&sec.key)),
+        ("ETCDCTL_USER", sec.user.clone()),
+    ] {
+        if let Some(v) = value {
+            vars.push((name, v));
         }
     }
-    for a in arenas {
-        out.push(format!("etcdctl put {} ''", keys.arena_pool(a)));
-    }
-    out
+    vars.into_iter()
+        .map(|(k, v)| format!("export {k}={}", quoted(&v)))
+        .collect()
 }
 
 pub async fn etcd_roles(args: RolesArgs) -> Result<ExitCode, OpError> {
@@ -69,16 +72,23 @@ pub async fn etcd_roles(args: RolesArgs) -> Result<ExitCode, OpError> {
         .iter()
         .map(|n| NodeId::new(n))
         .collect::<Result<Vec<_>, _>>()?;
-    let file = config::load_file(args.etcd.config.as_deref())?;
+    let file = config::load_file(args.etcd.config_path().as_deref())?;
     let settings = EtcdSettings::resolve(&args.etcd, &file)?;
     let keys = Keys::new(&settings.root);
     let roles = role_plan(&keys, &nodes, &args.arenas);
-    for line in commands(&keys, &roles, &args.arenas) {
-        println!("{line}");
-    }
-    if args.apply {
+    let steps = role_steps(&roles, &args.arenas);
+    if !args.apply {
+        println!("# What `fenced etcd-roles --apply` does, step by step, as etcdctl commands run");
+        println!("# as etcd's root (its client certificate or user; enable auth afterwards).");
+        for line in etcdctl_env(&settings) {
+            println!("{line}");
+        }
+        for step in &steps {
+            println!("{}", step.etcdctl(&keys));
+        }
+    } else {
         let store = super::connect(&args.etcd).await?;
-        apply_roles(&store.client(), &keys, &roles, &args.arenas)
+        apply_roles(&store.client(), &keys, &steps)
             .await
             .map_err(OpError::store("apply the etcd roles"))?;
         println!(
@@ -100,7 +110,10 @@ mod tests {
         let keys = Keys::new("/f/");
         let arenas = ["x".to_owned()];
         let roles = role_plan(&keys, &[NodeId::new("a").unwrap()], &arenas);
-        let c = commands(&keys, &roles, &arenas);
+        let c: Vec<String> = role_steps(&roles, &arenas)
+            .iter()
+            .map(|s| s.etcdctl(&keys))
+            .collect();
         assert!(c.contains(&"etcdctl role add fenced-node-a".to_owned()));
         assert!(c.contains(
             &"etcdctl role grant-permission fenced-node-a readwrite /f/membership/a".to_owned()
@@ -115,6 +128,38 @@ mod tests {
         assert!(c.contains(
             &"etcdctl role grant-permission fenced-node-a readwrite /f/arena_claim/x/a".to_owned()
         ));
-        assert!(c.contains(&"etcdctl put /f/arena_pool/x ''".to_owned()));
+        // The seeding --apply does, printed too (it was left out).
+        assert!(
+            c.iter()
+                .any(|l| l.contains("put /f/gen/a 0") && l.contains("put /f/fence_done/a 0")),
+            "{c:#?}"
+        );
+        assert!(
+            c.iter().any(|l| l.contains("put /f/arena_pool/x")),
+            "{c:#?}"
+        );
+    }
+
+    #[test]
+    fn the_environment_names_the_endpoints_and_files_never_a_password() {
+        let settings = EtcdSettings {
+            endpoints: vec!["https://e1:2379".into(), "https://e2:2379".into()],
+            root: "/f/".into(),
+            security: fenced::store::EtcdSecurity {
+                ca: Some("/etc/ca's.pem".into()),
+                user: Some("root".into()),
+                password: Some("secret".into()),
+                ..Default::default()
+            },
+            endpoints_from: String::new(),
+        };
+        let env = etcdctl_env(&settings).join("\n");
+        assert!(env.contains("export ETCDCTL_ENDPOINTS='https://e1:2379,https://e2:2379'"));
+        assert!(
+            env.contains("export ETCDCTL_CACERT='/etc/ca'\\''s.pem'"),
+            "{env}"
+        );
+        assert!(env.contains("export ETCDCTL_USER='root'"));
+        assert!(!env.contains("secret"));
     }
 }

@@ -23,7 +23,9 @@ pub struct UnfenceArgs {
     /// Why it is safe (e.g. "app on host3 stopped and checked"), recorded verbatim.
     #[arg(long)]
     reason: String,
-    /// Who unfences (default $SUDO_USER, else $USER, else the uid).
+    /// Who unfences. Ignored when etcd authenticates this command (--etcd-user, or a
+    /// client certificate): the audit record names that identity. Default: $SUDO_USER,
+    /// else $USER, else the uid.
     #[arg(long)]
     operator: Option<String>,
 }
@@ -80,25 +82,13 @@ pub fn decide(node: &NodeId, seen: &RestartState) -> Result<Decision, UnfenceErr
 }
 
 /// The (effective) uid of this process: the owner of `/proc/self`.
-fn uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
-}
-
-fn operator(flag: Option<String>) -> String {
-    flag.or_else(|| std::env::var("SUDO_USER").ok())
-        .or_else(|| std::env::var("USER").ok())
-        .filter(|s| !s.is_empty())
-        .unwrap_or_else(|| format!("uid {}", uid().map_or("?".into(), |u| u.to_string())))
-}
-
 pub async fn unfence(args: UnfenceArgs) -> Result<ExitCode, OpError> {
     let node = NodeId::new(&args.node_id)?;
     if args.reason.trim().is_empty() {
         return Err(UnfenceError::NoReason.into());
     }
+    let operator = super::operator::resolve(&args.etcd, args.operator)?;
     let store = super::connect(&args.etcd).await?;
-    let operator = operator(args.operator);
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default();
@@ -124,7 +114,7 @@ pub async fn unfence(args: UnfenceArgs) -> Result<ExitCode, OpError> {
             "boot_id": record.boot_id,
             "reason": args.reason,
             "operator": operator,
-            "uid": uid(),
+            "uid": super::operator::uid(),
             "host": host,
             "unix_ms": unix_ms,
         });

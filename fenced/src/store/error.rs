@@ -1,11 +1,53 @@
 //! [`StoreError`]: every etcd-client error, classified once, here.
 
+/// The client's error in words, for a one-line message: the OS cause when there is
+/// one ("connection refused"), else the gRPC status's message. etcd-client's own text
+/// of a transport failure is tonic's `Debug` output, not for an operator's eyes (the
+/// error itself stays the `source`, for code that classifies it).
+pub fn plain(e: &etcd_client::Error) -> String {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => {
+                    "connection refused (nothing listens there)".to_owned()
+                }
+                std::io::ErrorKind::TimedOut => "connection timed out".to_owned(),
+                _ => io.to_string(),
+            };
+        }
+        cur = c.source();
+    }
+    // tonic's connect error does not expose its OS error as a source: only its
+    // `Debug` text names the kind.
+    let debug = format!("{e:?}");
+    for (kind, words) in [
+        (
+            "kind: ConnectionRefused",
+            "connection refused (nothing listens there)",
+        ),
+        ("kind: TimedOut", "connection timed out"),
+        ("kind: ConnectionReset", "connection reset by the server"),
+        ("kind: HostUnreachable", "host unreachable"),
+        ("kind: NetworkUnreachable", "network unreachable"),
+    ] {
+        if debug.contains(kind) {
+            return words.to_owned();
+        }
+    }
+    match e {
+        etcd_client::Error::GRpcStatus(s) if !s.message().is_empty() => s.message().to_owned(),
+        etcd_client::Error::GRpcStatus(s) => s.code().description().to_owned(),
+        other => other.to_string(),
+    }
+}
+
 /// An etcd failure, classified once, here.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// etcd could not be reached or did not answer in time (retry with backoff).
-    #[error("etcd unavailable during {op}: {source}")]
+    #[error("etcd unavailable during {op}: {}", plain(source))]
     Unavailable {
         /// The operation.
         op: &'static str,
@@ -14,7 +56,7 @@ pub enum StoreError {
         source: etcd_client::Error,
     },
     /// The requested revision has been compacted away.
-    #[error("etcd revision compacted during {op}: {source}")]
+    #[error("etcd revision compacted during {op}: {}", plain(source))]
     Compacted {
         /// The operation.
         op: &'static str,
@@ -23,7 +65,7 @@ pub enum StoreError {
         source: etcd_client::Error,
     },
     /// The lease is gone (expired or revoked).
-    #[error("etcd lease expired or not found during {op}: {source}")]
+    #[error("etcd lease expired or not found during {op}: {}", plain(source))]
     LeaseGone {
         /// The operation.
         op: &'static str,
@@ -35,7 +77,8 @@ pub enum StoreError {
     /// issuer, expired, not valid for the host, no client certificate), or TLS spoken
     /// to a plaintext port. Not retried: the same files fail the same way.
     #[error(
-        "etcd TLS handshake failed during {op}: {source} (check --etcd-ca, --etcd-cert, --etcd-key and that the server certificate names the endpoint's host)"
+        "etcd TLS handshake failed during {op}: {} (check --etcd-ca, --etcd-cert, --etcd-key and that the server certificate names the endpoint's host)",
+        plain(source)
     )]
     Tls {
         /// The operation.
@@ -47,7 +90,8 @@ pub enum StoreError {
     /// etcd refused the credentials (wrong user or password, unknown certificate CN)
     /// or the user's roles do not grant the operation. Not retried.
     #[error(
-        "etcd refused {op}: {source} (check --etcd-user and the password, or the client certificate's CN, and the roles granted to that user: `fenced etcd-roles`)"
+        "etcd refused {op}: {} (check --etcd-user and the password, or the client certificate's CN, and the roles granted to that user: `fenced etcd-roles`)",
+        plain(source)
     )]
     Denied {
         /// The operation.
@@ -60,7 +104,7 @@ pub enum StoreError {
     #[error(transparent)]
     Security(#[from] super::security::SecurityError),
     /// Any other etcd error.
-    #[error("etcd error during {op}: {source}")]
+    #[error("etcd error during {op}: {}", plain(source))]
     Other {
         /// The operation.
         op: &'static str,

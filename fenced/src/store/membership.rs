@@ -240,7 +240,7 @@ impl EtcdStore {
         audit_json: String,
     ) -> Result<bool> {
         let k = &self.keys;
-        let audit_key = format!("{}.unfence.{unix_ms}", k.audit(node, seen.generation));
+        let audit_key = k.audit_unfence(node, seen.generation, unix_ms);
         let txn = Txn::new()
             .when(vec![
                 absent(k.membership(node)),

@@ -159,69 +159,133 @@ fn exists(e: &etcd_client::Error) -> bool {
     e.to_string().contains("already exists")
 }
 
-/// Creates `roles` (adding grants to roles that exist), and for each node role a user
-/// named as the node (no password: its certificate's CN identifies it under
-/// `--client-cert-auth`) holding it; seeds `gen/<node>` = 0 where absent, so agents
-/// need no write on `gen/` (with `fence_done/<node>` = 0, so the sweep does not fence
-/// a node that has not joined yet), and puts `arenas` into the pool (`arena_pool/<arena>`,
-/// where absent). `client` must be etcd's root (or hold the `root` role).
-pub async fn apply_roles(
-    client: &Client,
-    keys: &Keys,
-    roles: &[EtcdRole],
-    arenas: &[String],
-) -> Result<()> {
-    let mut c = client.clone();
-    let other = |op: &'static str| move |source| StoreError::classify(op, source);
-    for role in roles {
-        match c.role_add(role.name.clone()).await {
-            Ok(_) => {}
-            Err(e) if exists(&e) => {}
-            Err(e) => return Err(other("role_add")(e)),
+/// One step of setting up a deployment's roles, in the order it is taken: what
+/// `fenced etcd-roles --apply` does through etcd's auth API and what it prints, without
+/// `--apply`, as `etcdctl` commands, from this one list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RoleStep {
+    /// Create the role (an existing one is kept).
+    RoleAdd(String),
+    /// Grant the role this permission.
+    Grant(String, Grant),
+    /// Create the node's user, identified by its certificate (no password; an
+    /// existing one is kept).
+    UserAdd(NodeId),
+    /// Give the node's user its role.
+    UserGrantRole(NodeId, String),
+    /// Seed `gen/<node>` at 0 and `fence_done/<node>` at 0, if the generation is absent:
+    /// a node known to the sweep (by `gen/`) that is not a member and was never fenced
+    /// is owed a fence, but one that never joined has nothing to cut off. Its first
+    /// join drops the mark (as any join drops its own stale one).
+    SeedGeneration(NodeId),
+    /// Put the arena into the free pool, if absent.
+    SeedArena(String),
+}
+
+/// The steps that create `roles` and seed `arenas`, in order.
+pub fn role_steps(roles: &[EtcdRole], arenas: &[String]) -> Vec<RoleStep> {
+    let mut out = Vec::new();
+    for r in roles {
+        out.push(RoleStep::RoleAdd(r.name.clone()));
+        for g in &r.grants {
+            out.push(RoleStep::Grant(r.name.clone(), g.clone()));
         }
-        for g in &role.grants {
-            let mut p = if g.write {
-                Permission::read_write(g.key.clone())
-            } else {
-                Permission::read(g.key.clone())
-            };
-            if g.prefix {
-                p = p.with_prefix();
-            }
-            c.role_grant_permission(role.name.clone(), p)
-                .await
-                .map_err(other("role_grant_permission"))?;
-        }
-        if let Some(node) = &role.node {
-            match c
-                .user_add(node.as_str(), "", Some(UserAddOptions::new().with_no_pwd()))
-                .await
-            {
-                Ok(_) => {}
-                Err(e) if exists(&e) => {}
-                Err(e) => return Err(other("user_add")(e)),
-            }
-            c.user_grant_role(node.as_str(), role.name.clone())
-                .await
-                .map_err(other("user_grant_role"))?;
-            // With the generation, a fence mark at it: a node known to the sweep (by
-            // `gen/`) that is not a member and was never fenced is owed a fence, but
-            // one that never joined has nothing to cut off. Its first join drops the
-            // mark (as any join drops its own stale one).
-            let txn = Txn::new()
-                .when(vec![absent(keys.generation(node))])
-                .and_then(vec![
-                    TxnOp::put(keys.generation(node), "0", None),
-                    TxnOp::put(keys.done(node), "0", None),
-                ]);
-            c.txn(txn).await.map_err(other("seed_generation"))?;
+        if let Some(n) = &r.node {
+            out.push(RoleStep::UserAdd(n.clone()));
+            out.push(RoleStep::UserGrantRole(n.clone(), r.name.clone()));
+            out.push(RoleStep::SeedGeneration(n.clone()));
         }
     }
-    for a in arenas {
-        let txn = Txn::new()
-            .when(vec![absent(keys.arena_pool(a))])
-            .and_then(vec![TxnOp::put(keys.arena_pool(a), "", None)]);
-        c.txn(txn).await.map_err(other("seed_arena_pool"))?;
+    out.extend(arenas.iter().cloned().map(RoleStep::SeedArena));
+    out
+}
+
+impl RoleStep {
+    /// The step as an `etcdctl` (API v3) command line, for a shell; the endpoint and
+    /// credentials come from `ETCDCTL_*` variables.
+    pub fn etcdctl(&self, keys: &Keys) -> String {
+        match self {
+            Self::RoleAdd(name) => format!("etcdctl role add {name}"),
+            Self::Grant(role, g) => format!(
+                "etcdctl role grant-permission {role}{} {} {}",
+                if g.prefix { " --prefix" } else { "" },
+                if g.write { "readwrite" } else { "read" },
+                g.key
+            ),
+            Self::UserAdd(n) => format!("etcdctl user add {n} --no-password"),
+            Self::UserGrantRole(n, role) => format!("etcdctl user grant-role {n} {role}"),
+            // `etcdctl txn`: compares, a blank line, the puts if they hold, a blank
+            // line, nothing otherwise.
+            Self::SeedGeneration(n) => format!(
+                "printf '%s\\n' 'create(\"{g}\") = \"0\"' '' 'put {g} 0' 'put {d} 0' '' '' | etcdctl txn",
+                g = keys.generation(n),
+                d = keys.done(n)
+            ),
+            Self::SeedArena(a) => format!(
+                "printf '%s\\n' 'create(\"{p}\") = \"0\"' '' 'put {p} \"\"' '' '' | etcdctl txn",
+                p = keys.arena_pool(a)
+            ),
+        }
+    }
+}
+
+/// Takes `steps` through etcd's auth API, as the client's user (etcd's root for a
+/// secured cluster). Idempotent: an existing role or user is kept, a seeded key is
+/// not overwritten.
+pub async fn apply_roles(client: &Client, keys: &Keys, steps: &[RoleStep]) -> Result<()> {
+    let mut c = client.clone();
+    let other = |op: &'static str| move |source| StoreError::classify(op, source);
+    for step in steps {
+        match step {
+            RoleStep::RoleAdd(name) => match c.role_add(name.clone()).await {
+                Ok(_) => {}
+                Err(e) if exists(&e) => {}
+                Err(e) => return Err(other("role_add")(e)),
+            },
+            RoleStep::Grant(role, g) => {
+                let mut p = if g.write {
+                    Permission::read_write(g.key.clone())
+                } else {
+                    Permission::read(g.key.clone())
+                };
+                if g.prefix {
+                    p = p.with_prefix();
+                }
+                c.role_grant_permission(role.clone(), p)
+                    .await
+                    .map_err(other("role_grant_permission"))?;
+            }
+            RoleStep::UserAdd(node) => {
+                match c
+                    .user_add(node.as_str(), "", Some(UserAddOptions::new().with_no_pwd()))
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(e) if exists(&e) => {}
+                    Err(e) => return Err(other("user_add")(e)),
+                }
+            }
+            RoleStep::UserGrantRole(node, role) => {
+                c.user_grant_role(node.as_str(), role.clone())
+                    .await
+                    .map_err(other("user_grant_role"))?;
+            }
+            RoleStep::SeedGeneration(node) => {
+                let txn = Txn::new()
+                    .when(vec![absent(keys.generation(node))])
+                    .and_then(vec![
+                        TxnOp::put(keys.generation(node), "0", None),
+                        TxnOp::put(keys.done(node), "0", None),
+                    ]);
+                c.txn(txn).await.map_err(other("seed_generation"))?;
+            }
+            RoleStep::SeedArena(a) => {
+                let txn = Txn::new()
+                    .when(vec![absent(keys.arena_pool(a))])
+                    .and_then(vec![TxnOp::put(keys.arena_pool(a), "", None)]);
+                c.txn(txn).await.map_err(other("seed_arena_pool"))?;
+            }
+        }
     }
     Ok(())
 }

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::core::attest::LivenessRecord;
-use crate::keys::{self, Malformed};
+use crate::keys::{self, AuditKind, Malformed};
 
 /// A record under the root that does not decode.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -160,8 +160,16 @@ pub struct AuditItem {
     pub node: String,
     /// A failed attempt (the key's `.failed.<ms>` suffix).
     pub failed: bool,
+    /// What the record is, from the key's suffix; in JSON `fence`, `failed` (an
+    /// attempt) or `unfence` (an operator's `fenced unfence`).
+    #[serde(serialize_with = "audit_kind_word")]
+    pub kind: AuditKind,
     /// The record.
     pub record: AuditEntry,
+}
+
+fn audit_kind_word<S: serde::Serializer>(kind: &AuditKind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(kind.as_str())
 }
 
 /// The audit records under one prefix, as `fenced audit` shows them.
@@ -210,6 +218,14 @@ pub struct AuditEntry {
     pub unix_ms: u64,
     /// The steps performed, in order.
     pub steps: Vec<serde_json::Value>,
+    /// An unfence: who gave it (see `fenced unfence`).
+    pub operator: String,
+    /// An unfence: the operator's reason, verbatim.
+    pub reason: String,
+    /// An unfence: the node's generation it was unfenced at.
+    pub generation: u64,
+    /// An unfence: the host the operator ran it on.
+    pub host: String,
 }
 
 /// Largest liveness record accepted (fenced writes about 100 bytes).

@@ -49,7 +49,7 @@ use etcd_client::{Client, GetOptions, KeyValue, KvClient, Txn, TxnOp, TxnOpRespo
 use super::{EtcdStore, Result, StoreError, StoreOptions, prefix};
 use crate::core::SweepSnapshot;
 use crate::core::attest::LivenessRecord;
-use crate::keys::{Keys, Malformed, decode_id_text, decode_node_id, decode_u64};
+use crate::keys::{AuditKind, Keys, Malformed, decode_id_text, decode_node_id, decode_u64};
 use crate::node::NodeId;
 
 pub use super::rows::{
@@ -79,7 +79,8 @@ fn audit_items(k: &Keys, kvs: &[KeyValue], bad: &mut Findings) -> Vec<AuditItem>
             Ok((key, record)) => items.push(AuditItem {
                 key: escaped_key(kv.key()),
                 node: key.node.as_str().to_owned(),
-                failed: key.failed_unix_ms.is_some(),
+                failed: matches!(key.kind, AuditKind::Failed { .. }),
+                kind: key.kind,
                 record,
             }),
             Err(e) => bad.add(kv, &e, effect::VIEW),
@@ -422,6 +423,11 @@ fn rows(
         });
     }
     for a in audits {
+        if matches!(a.kind, AuditKind::Unfence { .. }) {
+            // An operator's permission to register again, not a fence: `fenced audit`
+            // shows it.
+            continue;
+        }
         let r = rows.entry(a.node.clone()).or_default();
         let summary = FenceSummary::of(&a.record);
         if a.failed {
