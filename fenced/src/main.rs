@@ -159,11 +159,16 @@ fn main() -> ExitCode {
         // attempt to reach etcd, blockio's engine choice).
         logging::init(false, "error");
     }
-    match rt.block_on(dispatch(cli.cmd)) {
+    let code = match rt.block_on(dispatch(cli.cmd)) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("fenced: {}", one_line(&e));
             ExitCode::FAILURE
         }
-    }
+    };
+    // A device command stuck in the kernel (a hung path) holds a blocking thread that
+    // cannot be cancelled: exit without waiting for it (a self-fence must not wait on
+    // the device it could not reach).
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }

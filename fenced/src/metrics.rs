@@ -104,6 +104,7 @@ struct Metrics {
     members_seen: Gauge,
     lease_age: SecondsGauge,
     margin_left: SecondsGauge,
+    device_unanswered: SecondsGauge,
     watch_restarts: Counter,
     sweeps: Family<ResultLabels, Counter>,
     sweep_seconds: Histogram,
@@ -130,6 +131,7 @@ impl Metrics {
             members_seen: Gauge::default(),
             lease_age: SecondsGauge::default(),
             margin_left: SecondsGauge::default(),
+            device_unanswered: SecondsGauge::default(),
             watch_restarts: Counter::default(),
             sweeps: Family::default(),
             sweep_seconds: step_histogram(),
@@ -179,6 +181,11 @@ impl Metrics {
             "self_fence_margin_left_seconds",
             "Time left before the agent self-fences if the lease is not renewed",
             m.margin_left.clone(),
+        );
+        r.register(
+            "device_unanswered_seconds",
+            "How long the agent's reservation report of the shared device has gone unanswered once past the stall limit (a hung path or target); 0 while it answers",
+            m.device_unanswered.clone(),
         );
         r.register(
             "watch_restarts",
@@ -289,6 +296,8 @@ struct State {
     /// not wait for its lease.
     no_agent: bool,
     agent: Option<AgentTick>,
+    /// The agent's device check unanswered this long (core::device_health).
+    device_stalled: Option<Duration>,
     /// What `STATUS=` says besides the fences in progress.
     status: String,
     fencing: BTreeSet<String>,
@@ -453,6 +462,16 @@ impl Observer {
         self.update_ready(Instant::now());
     }
 
+    /// The agent's device check has been unanswered for this long (`None`: the
+    /// device answers). `/healthz` turns red while it is set; the gauge
+    /// `fenced_device_unanswered_seconds` shows it.
+    pub fn device_stalled(&self, unanswered: Option<Duration>) {
+        self.state().device_stalled = unanswered;
+        self.m()
+            .device_unanswered
+            .set(unanswered.map_or(0.0, |d| d.as_secs_f64()));
+    }
+
     /// One tick of the agent's self-fencing clock: the lease was last renewed
     /// `lease_age` ago, `margin_left` remains before self-fencing (zero: self-fenced).
     pub fn agent_tick(
@@ -518,6 +537,12 @@ impl Observer {
                     since.as_secs_f64()
                 ));
             }
+        }
+        if let Some(d) = s.device_stalled {
+            return Err(format!(
+                "the shared device has not answered a reservation report for {:.0}s",
+                d.as_secs_f64()
+            ));
         }
         Ok(())
     }

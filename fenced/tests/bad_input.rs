@@ -552,7 +552,11 @@ fn config_files_that_are_not_small_regular_toml_files_are_refused_fast() {
         ("huge", s(&huge), "larger than 1048576 bytes"),
         ("not UTF-8", s(&not_utf8), "not UTF-8 text"),
         ("syntax", s(&syntax), "line 2"),
-        ("unknown key", s(&unknown), "key `ttl`: unknown field"),
+        (
+            "unknown key",
+            s(&unknown),
+            "key `ttl`: unknown key; did you mean `ttl_secs`?",
+        ),
         ("wrong type", s(&wrong_type), "key `sweep_secs`"),
     ];
     let mut cases = Vec::new();
@@ -1024,8 +1028,10 @@ fn the_pid_file_is_locked_while_the_daemon_runs_and_leave_uses_its_socket() {
     let sock = fx.path("n1.sock");
     let p = pid_file.to_str().unwrap();
     let (mut d1, _log) = daemon(&etcd, "n1", fx.dir.path(), &["--pid-file", p]);
-    wait_within("n1's pid file", WAIT, || {
+    // The pid file is written (and locked) first, the socket bound just after.
+    wait_within("n1's pid file and socket", WAIT, || {
         std::fs::read_to_string(&pid_file).is_ok_and(|t| t.contains("control_socket"))
+            && sock.exists()
     });
     let text = std::fs::read_to_string(&pid_file).unwrap();
     assert!(

@@ -169,3 +169,95 @@ async fn a_start_that_loses_its_membership_after_registering_unregisters() {
         c.ns.snapshot()
     );
 }
+
+/// Forwards to a model host; once `hang` is set, a report blocks (a hung NVMe path,
+/// multipath queueing with no path) until the test ends.
+#[derive(Debug)]
+struct HangsOnDemand {
+    host: device::Host,
+    hang: std::sync::atomic::AtomicBool,
+    reached: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl nvme_resv::Reservations for HangsOnDemand {
+    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
+        self.host.register(cmd)
+    }
+    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
+        self.host.acquire(cmd)
+    }
+    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
+        self.host.release(cmd)
+    }
+    fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
+        if self.hang.load(std::sync::atomic::Ordering::SeqCst) {
+            if let Some(reached) = self.reached.lock().unwrap().take() {
+                let _ = reached.send(());
+            }
+            // Until the test ends (its sender dropped), or a minute.
+            let _ = self
+                .release
+                .lock()
+                .unwrap()
+                .recv_timeout(Duration::from_secs(60));
+        }
+        self.host.report()
+    }
+}
+
+/// Issue 26, hole 5: the device stops answering (its report hangs) and then the
+/// node's lease is revoked. The agent self-fences on time: its device check runs off
+/// its loop, so the membership watch and the lease verdict do not wait for the
+/// device. (It used to await the report inside its loop: no self-fence until the
+/// device answered.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_device_does_not_hold_up_the_self_fence() {
+    let c = Cluster::new();
+    let store = c.store().await;
+    let (reached_tx, reached_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    let dev = std::sync::Arc::new(HangsOnDemand {
+        host: c.host("n1"),
+        hang: std::sync::atomic::AtomicBool::new(false),
+        reached: std::sync::Mutex::new(Some(reached_tx)),
+        release: std::sync::Mutex::new(release_rx),
+    });
+    let agent = Agent::start(
+        c.store().await,
+        c.agent_cfg("n1", 0),
+        Some(dev.clone()),
+        key_of("n1"),
+    )
+    .await
+    .expect("agent start");
+    let a = RunningAgent::spawn(agent);
+    wait_members(&store, &["n1"]).await;
+    dev.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::task::spawn_blocking(move || reached_rx.recv_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .expect("the agent never checked the device");
+    // The device hangs in the agent's check; now the node loses its lease.
+    let key = store.keys().membership(&node("n1"));
+    let got = store.client().get(key.clone(), None).await.unwrap();
+    let lease = got.kvs().first().expect("n1 is a member").lease();
+    let t0 = Instant::now();
+    store.client().lease_revoke(lease).await.unwrap();
+    let exit = tokio::time::timeout(2 * TTL, a.task)
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "n1 did not self-fence within {:?} while its device hung",
+                2 * TTL
+            )
+        })
+        .unwrap();
+    assert!(matches!(exit, AgentExit::SelfFenced { .. }), "{exit:?}");
+    assert!(a.gate.is_fenced(), "the I/O gate is still open");
+    eprintln!(
+        "self-fenced {:?} after the lease was revoked, device still hung",
+        t0.elapsed()
+    );
+    drop(release_tx);
+}

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, ReservationType};
 use tokio::sync::Notify;
 
-use crate::core::{DeviceVerdict, Watchdog, WatchdogVerdict, check_device};
+use crate::core::{
+    DeviceHealth, DeviceVerdict, Watchdog, WatchdogVerdict, check_device, device_health,
+};
 use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
@@ -598,6 +600,13 @@ impl Agent {
         let mut renewals = self.renewals.clone();
         let mut tick_wd = tokio::time::interval(Duration::from_millis(100));
         let mut tick_dev = tokio::time::interval(self.cfg.device_check_interval);
+        // The device check in flight and when it started: it runs off this loop, so a
+        // hung device never holds up the lease verdict, the membership watch, conflict
+        // notices or the watchdog pet (core::device_health).
+        let mut check: Option<(
+            tokio::task::JoinHandle<nvme_resv::Result<DeviceVerdict>>,
+            Instant,
+        )> = None;
         let conflict = self.gate.conflict.clone();
         let lost = own_membership::lost(
             self.store.clone(),
@@ -633,9 +642,20 @@ impl Agent {
                     }
                 }
                 _ = tick_dev.tick() => {
-                    if let Some(device) = self.device.clone() {
+                    let in_flight = check.as_ref().map(|(_, t0)| t0.elapsed());
+                    let health = device_health(in_flight);
+                    self.cfg.observer.device_stalled(match health {
+                        DeviceHealth::Stalled { for_ } => Some(for_),
+                        DeviceHealth::Answering => None,
+                    });
+                    if let DeviceHealth::Stalled { for_ } = health {
+                        tracing::warn!(node = %self.cfg.node, unanswered = ?for_, "the shared device has not answered a reservation report for {:.0}s (a hung path or target): not self-fencing on it, the lease decides", for_.as_secs_f64());
+                    }
+                    if check.is_none()
+                        && let Some(device) = self.device.clone()
+                    {
                         let key = self.own_key;
-                        let verdict = blocking(move || -> nvme_resv::Result<DeviceVerdict> {
+                        let task = tokio::task::spawn_blocking(move || -> nvme_resv::Result<DeviceVerdict> {
                             let r = device.report()?;
                             let v = check_device(key_registered(&r, key), r.rtype != ReservationType::NONE);
                             if v == DeviceVerdict::Acquire {
@@ -648,18 +668,27 @@ impl Agent {
                                 })?;
                             }
                             Ok(v)
-                        }).await;
-                        match verdict {
-                            Ok(DeviceVerdict::Preempted) => {
-                                // Never re-register: only a fresh start that rejoins may.
-                                return self.self_fence(format!(
-                                    "our reservation key {:#x} was preempted", key.0
-                                ));
-                            }
-                            Ok(DeviceVerdict::Acquire) => tracing::info!(node = %self.cfg.node, "no reservation held: acquired Write Exclusive - All Registrants"),
-                            Ok(DeviceVerdict::Ok) => {}
-                            Err(e) => tracing::warn!(node = %self.cfg.node, error = %e, "reservation report failed"),
+                        });
+                        check = Some((task, Instant::now()));
+                    }
+                }
+                done = async { (&mut check.as_mut().expect("guarded by is_some").0).await }, if check.is_some() => {
+                    check = None;
+                    self.cfg.observer.device_stalled(None);
+                    let verdict = match done {
+                        Ok(v) => v,
+                        Err(e) => std::panic::resume_unwind(e.into_panic()),
+                    };
+                    match verdict {
+                        Ok(DeviceVerdict::Preempted) => {
+                            // Never re-register: only a fresh start that rejoins may.
+                            return self.self_fence(format!(
+                                "our reservation key {:#x} was preempted", self.own_key.0
+                            ));
                         }
+                        Ok(DeviceVerdict::Acquire) => tracing::info!(node = %self.cfg.node, "no reservation held: acquired Write Exclusive - All Registrants"),
+                        Ok(DeviceVerdict::Ok) => {}
+                        Err(e) => tracing::warn!(node = %self.cfg.node, error = %e, "reservation report failed"),
                     }
                 }
             }

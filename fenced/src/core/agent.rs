@@ -96,6 +96,41 @@ pub fn lease_reading(ttl: Duration, left: i64, asked: Instant) -> LeaseReading {
     }
 }
 
+/// A device command unanswered this long is reported as a stalled device (health
+/// and metrics). Above a multipath path fail-over's usual queueing (`queue_if_no_path`
+/// holds commands for tens of seconds while a path comes back), so a fail-over that
+/// completes is not reported.
+pub const DEVICE_STALL: Duration = Duration::from_secs(30);
+
+/// What the agent makes of a device command in flight for `in_flight` (`None`: none).
+///
+/// The rule: a device that does not answer is reported (`Stalled`), never a reason to
+/// self-fence on its own, and never waited on. The agent's device commands run off its
+/// loop, so the lease verdict, the membership watch and the watchdog go on meanwhile:
+/// if the lease is lost the agent self-fences on time whatever the device does. A hung
+/// path stalls this host's writes as it stalls the report, so no write of ours lands
+/// while it hangs; a peer's preempt (and abort) takes effect on the target whatever our
+/// path does, and a write that reaches it afterwards is refused there. Self-fencing on a
+/// stall alone would turn every path fail-over into an outage of this node.
+pub fn device_health(in_flight: Option<Duration>) -> DeviceHealth {
+    match in_flight {
+        Some(d) if d >= DEVICE_STALL => DeviceHealth::Stalled { for_: d },
+        _ => DeviceHealth::Answering,
+    }
+}
+
+/// See [`device_health`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceHealth {
+    /// No command in flight, or one in flight for less than [`DEVICE_STALL`].
+    Answering,
+    /// A command has been unanswered for `for_`.
+    Stalled {
+        /// How long.
+        for_: Duration,
+    },
+}
+
 /// What the agent's periodic device check concludes from a reservation report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeviceVerdict {

@@ -189,6 +189,16 @@ pub enum Refusal {
         /// The claim's holder.
         by: String,
     },
+    /// It left cleanly (departure marker, no arena owned): nothing to fence.
+    #[error(
+        "refusing to fence {node}: it left cleanly (departure marker written by instance {instance:?}, no arena owned), so nobody fences it and nothing is owed; its next start joins as usual. If you know it still writes (it came back outside fenced), use --force: it is then fenced, and its next start on the same boot is refused (exit 5) until a reboot or `fenced unfence --node-id {node}`"
+    )]
+    Departed {
+        /// The node.
+        node: NodeId,
+        /// The instance that wrote the departure marker.
+        instance: String,
+    },
     /// Its liveness cannot be judged by etcd.
     #[error(
         "refusing to fence {node}: its liveness is unknown ({why}); use --force if you are certain it is gone"
@@ -217,8 +227,9 @@ pub enum Refusal {
 
 /// The attest rule. Refused (even with `force`) for an unknown node, a member, or a
 /// node a controller is fencing; "already fenced" for a node fenced since its last
-/// membership; refused (unless `force`) while its liveness is unknown or its lease
-/// alive; otherwise fenced, guarded by the revisions read.
+/// membership; refused (unless `force`) for a node that left cleanly, and while its
+/// liveness is unknown or its lease alive; otherwise fenced, guarded by the revisions
+/// read.
 pub fn judge(node: &NodeId, view: &AttestView, req: AttestRequest) -> Result<Verdict, Refusal> {
     let node = node.clone();
     if !view.known {
@@ -239,6 +250,18 @@ pub fn judge(node: &NodeId, view: &AttestView, req: AttestRequest) -> Result<Ver
         return Ok(Verdict::AlreadyFenced {
             generation: generation.max(view.generation),
             arenas: view.arenas,
+        });
+    }
+    // A clean departure the controllers honour (no arena owned): fencing it would
+    // bump its generation for nothing and refuse its next start on this boot.
+    if let Some((instance, _)) = &view.departed
+        && view.arenas == 0
+        && view.pending.is_none()
+        && !req.force
+    {
+        return Err(Refusal::Departed {
+            node,
+            instance: instance.clone(),
         });
     }
     let (wait, liveness) = match &view.liveness {
@@ -519,6 +542,33 @@ mod tests {
                 departed_rev: 7
             }
         );
+    }
+
+    #[test]
+    fn a_node_that_left_cleanly_is_refused_unless_forced() {
+        let view = AttestView {
+            departed: Some(("i-9".to_owned(), 12)),
+            ..gone()
+        };
+        let e = judge(&n1(), &view, PLAIN).unwrap_err();
+        assert!(matches!(e, Refusal::Departed { .. }), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.contains("left cleanly") && text.contains("--force"),
+            "{text}"
+        );
+        assert!(text.contains("fenced unfence --node-id n1"), "{text}");
+        // Forced: fenced, guarded by the marker's revision.
+        let Verdict::Fence { guard, .. } = judge(&n1(), &view, FORCE).unwrap() else {
+            panic!("not fenced")
+        };
+        assert_eq!(guard.departed_rev, 12);
+        // A departure the controllers do not honour (arenas still owned) is fenced.
+        let owning = AttestView { arenas: 1, ..view };
+        assert!(matches!(
+            judge(&n1(), &owning, PLAIN).unwrap(),
+            Verdict::Fence { .. }
+        ));
     }
 
     #[test]

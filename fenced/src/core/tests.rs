@@ -419,3 +419,18 @@ fn device_check() {
     assert_eq!(check_device(false, true), DeviceVerdict::Preempted);
     assert_eq!(check_device(false, false), DeviceVerdict::Preempted);
 }
+
+#[test]
+fn a_silent_device_is_reported_after_the_stall_limit_never_fenced_on() {
+    assert_eq!(device_health(None), DeviceHealth::Answering);
+    assert_eq!(
+        device_health(Some(DEVICE_STALL - Duration::from_millis(1))),
+        DeviceHealth::Answering
+    );
+    assert_eq!(
+        device_health(Some(DEVICE_STALL)),
+        DeviceHealth::Stalled { for_: DEVICE_STALL }
+    );
+    // A multipath fail-over queues for tens of seconds: not a stall yet.
+    assert!(DEVICE_STALL >= Duration::from_secs(20));
+}

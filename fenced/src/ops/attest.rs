@@ -402,7 +402,7 @@ pub async fn attest(args: AttestArgs) -> Result<ExitCode, OpError> {
             println!("{node} already fenced at generation {generation}: nothing done");
             if arenas > 0 {
                 eprintln!(
-                    "fenced: {node} still owns {arenas} arena(s): its fence was single-signal (no severance confirmed), so they were not released"
+                    "fenced: {node} still owns {arenas} arena(s): its fence was single-signal (no severance confirmed), so they were not released; they stay {node}'s, and it adopts them again when it rejoins (after a reboot of its host, or `fenced unfence --node-id {node}` and a restart)"
                 );
             }
             return Ok(ExitCode::SUCCESS);
