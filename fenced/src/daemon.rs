@@ -84,7 +84,7 @@ pub enum DaemonError {
     UnidentifiedNamespace {
         path: PathBuf,
         device: PathBuf,
-        identity: NamespaceIdentity,
+        identity: Box<NamespaceIdentity>,
     },
     #[error("{}", open_message(path, source))]
     OpenDevice {
@@ -359,12 +359,13 @@ fn open_shared_namespace(
             path: device.clone(),
             source,
         })?;
-    if !identity.is_identified() {
+    // Until the record keeps UUIDs and serial numbers: NGUID or EUI-64 only.
+    if identity.nguid_eui64_id().is_none() {
         if !allow_unidentified {
             return Err(DaemonError::UnidentifiedNamespace {
                 path: path.to_owned(),
                 device,
-                identity,
+                identity: Box::new(identity),
             });
         }
         tracing::warn!(block_device = %path.display(), device = %device.display(), namespace = %identity, "--allow-unidentified-namespace: the namespace reports no NGUID or EUI-64; only its subsystem NQN is checked, another namespace of the same subsystem would pass");

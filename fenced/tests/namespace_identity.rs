@@ -19,6 +19,7 @@ fn id(b: u8) -> NamespaceIdentity {
         nguid: [b; 16],
         eui64: [0; 8],
         subnqn: "nqn.2014-08.org.fenced:test".into(),
+        ..nvme_resv::NamespaceIdentity::default()
     }
 }
 

@@ -67,7 +67,10 @@ impl NamespaceCheck {
         if expected.same_namespace(&found) {
             Ok(())
         } else {
-            Err(FenceCause::WrongNamespace { expected, found })
+            Err(FenceCause::WrongNamespace {
+                expected: Box::new(expected),
+                found: Box::new(found),
+            })
         }
     }
 }
@@ -90,6 +93,7 @@ mod tests {
             nguid: [b; 16],
             eui64: [0; 8],
             subnqn: "nqn.test:s".into(),
+            ..nvme_resv::NamespaceIdentity::default()
         }
     }
 
@@ -105,7 +109,7 @@ mod tests {
         with(Ok(Some(id(2)))).check(id(2)).await.unwrap();
         let e = with(Ok(Some(id(2)))).check(id(1)).await.unwrap_err();
         assert!(
-            matches!(&e, FenceCause::WrongNamespace { expected, found } if *expected == id(2) && *found == id(1)),
+            matches!(&e, FenceCause::WrongNamespace { expected, found } if **expected == id(2) && **found == id(1)),
             "{e:?}"
         );
         let text = e.to_string();

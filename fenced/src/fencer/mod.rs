@@ -131,10 +131,11 @@ pub enum FenceCause {
         "our device is not the cluster's shared namespace (recorded: {expected}; ours: {found}): not preempting there; check --block-device (use a /dev/disk/by-id path)"
     )]
     WrongNamespace {
-        /// The recorded namespace.
-        expected: nvme_resv::NamespaceIdentity,
+        /// The recorded namespace (boxed: an identity carries serial and model
+        /// numbers, and every fence result carries this error's size).
+        expected: Box<nvme_resv::NamespaceIdentity>,
         /// Our device's.
-        found: nvme_resv::NamespaceIdentity,
+        found: Box<nvme_resv::NamespaceIdentity>,
     },
     /// Identifying our device (to check it is the shared namespace) failed.
     #[error("cannot identify our device to check it is the shared namespace: {source}")]

@@ -105,6 +105,7 @@ mod tests {
             nguid: [0xab; 16],
             eui64: [0; 8],
             subnqn: "nqn.2014-08.org.fenced:hwtest".into(),
+            ..NamespaceIdentity::default()
         };
         let v = encode(&id);
         assert_eq!(
