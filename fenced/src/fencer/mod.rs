@@ -34,7 +34,7 @@ pub use crate::fault::fault_hits;
 // The fail-point engine lives in `crate::fault`; these paths stay for its users.
 pub use crate::fault::{FaultEffect, FaultHit, FaultInjected};
 pub(crate) use crate::fault::{fault, fault_scope};
-pub use identity::{NamespaceCheck, NamespaceRecord};
+pub use identity::{NamespaceCheck, NamespaceRecord, other_ebs_volume};
 pub use levels::{FencingLevels, LevelFailure, LevelFailures};
 pub use nvme::{Device, NvmeFencer, PreemptMode, RESERVATION_TYPE, key_registered};
 
