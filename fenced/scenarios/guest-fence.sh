@@ -92,6 +92,11 @@ if [ -n "$T" ]; then
   say "without a client certificate: $(tail -n 1 /tmp/nocert.log)"
 fi
 
+# What the namespace reports and which identity fenced will record (hwtests/guest/run
+# --ns-ids: run-guest-demo.sh serves the kernel target's defaults, a UUID only).
+IDS=${HWTEST_NS_IDS:-nguid}
+say "namespace identifiers: $IDS"
+command -v nvme-resv >/dev/null && nvme-resv capabilities "$A" | grep -E 'identity|fenced records|wwid|descriptor|controller'
 n=1
 for dev in $A $B $C; do
   fenced run --node-id n$n --instance-id guest-n$n --block-device "$dev" --fencer nvme \
@@ -104,6 +109,12 @@ three() { [ "$(members | wc -w)" = 3 ]; }
 until_ 120 "three members" three
 say "three members: $(members)"
 fenced status $E
+NSLINE=$(fenced status $E | grep '^namespace:')
+case $IDS in
+  default) echo "$NSLINE" | grep -q '^namespace: UUID ' || die "the UUID-only namespace is not recorded by its UUID: $NSLINE" ;;
+  serial) echo "$NSLINE" | grep -q '^namespace: serial ' || die "the serial-only namespace is not recorded by its serial number: $NSLINE" ;;
+esac
+say "joined with default identity flags on the $IDS namespace: $NSLINE"
 report "$A"
 G3=$(gen_of n3)
 say "n3 generation $G3; probe from host C (n3) before the fence:"

@@ -48,7 +48,11 @@ run_node() {
   PID=$!
 }
 
-N1=$(nguid "$A"); N3=$(nguid "$C3")
+# Each namespace is named by nvmet's random UUID (Linux's order: UUID before NGUID).
+uuid() { nvme-resv capabilities "$1" -o json | tr -d ' \n' | sed -n 's/.*"uuid":"\([0-9a-f-]*\)".*/\1/p'; }
+N1=$(nguid "$A"); N3=$(nguid "$C3"); U1=$(uuid "$A"); U3=$(uuid "$C3")
+say "host A $A UUID $U1; host C's nsid 3 $C3 UUID $U3"
+[ -n "$U1" ] && [ -n "$U3" ] && [ "$U1" != "$U3" ] || die "the two namespaces do not report distinct UUIDs"
 say "host A $A NGUID $N1; host C's nsid 3 $C3 NGUID $N3"
 [ -n "$N1" ] && [ -n "$N3" ] && [ "$N1" != "$N3" ] || die "the two namespaces do not report distinct NGUIDs"
 nvme-resv capabilities "$A" | grep identity
@@ -80,6 +84,7 @@ until_ 60 "n1 and n2 to join" two
 RECORD=$(etcdctl --endpoints $EP get $KEY --print-value-only)
 say "recorded at $KEY: $RECORD"
 echo "$RECORD" | grep -q "\"nguid\":\"$N1\"" || die "the record is not nsid 1's NGUID"
+echo "$RECORD" | grep -q "\"kind\":\"uuid\",\"wwid\":\"uuid.$U1\"" || die "the record does not name nsid 1 by its UUID"
 st | grep '^namespace:'
 
 # 2. A node on the other namespace is refused before it registers anything.
@@ -89,7 +94,7 @@ wait "$PID"; rc=$?
 say "n3 exited with status $rc"
 [ $rc = 1 ] || die "n3 on the other namespace was not refused (exit $rc)"
 grep 'refuses to join' /tmp/n3.log || die "no refusal line in n3's log"
-grep 'refuses to join' /tmp/n3.log | grep "NGUID $N1" | grep -q "NGUID $N3" || die "the refusal does not name both identities"
+grep 'refuses to join' /tmp/n3.log | grep "UUID $U1" | grep -q "UUID $U3" || die "the refusal does not name both identities"
 members | grep -q n3 && die "n3 became a member"
 [ -z "$(row_of n3)" ] || die "n3 has records in etcd: $(row_of n3)"
 K3=$(nvme-resv key-for-node n3); K2=$(nvme-resv key-for-node n2)
@@ -101,7 +106,11 @@ say "PASS: n3 refused on nsid 3 before registering; nothing of it in etcd or on 
 #    then the record is put back; n1 leaves, so n3 is n2's only possible fencer.
 fenced leave --pid-file /tmp/n1.pid || die "n1's leave failed"
 wait "$PID1"
-etcdctl --endpoints $EP put $KEY "$(echo "$RECORD" | sed "s/$N1/$N3/")" >/dev/null || die "etcdctl put"
+# The record naming nsid 3 is written in the form of a fenced from before records
+# said their kind (NGUID only, compared by NGUID): nsid 1's record names it by its UUID,
+# which an NGUID substitution would not change.
+SUBNQN=$(echo "$RECORD" | sed -n 's/.*"subnqn":"\([^"]*\)".*/\1/p')
+etcdctl --endpoints $EP put $KEY "{\"nguid\":\"$N3\",\"eui64\":\"0000000000000000\",\"subnqn\":\"$SUBNQN\"}" >/dev/null || die "etcdctl put"
 run_node n3 "$C3" /tmp/n3b.log; PID3=$PID
 until_ 60 "n3 to join on nsid 3" two
 etcdctl --endpoints $EP put $KEY "$RECORD" >/dev/null || die "etcdctl put back"
@@ -118,7 +127,7 @@ twice() {
 }
 until_ 90 "two refused attempts on n2 by n3's controller" twice
 grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1
-grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1 | grep "NGUID $N1" | grep -q "NGUID $N3" || die "the refusal does not name both identities"
+grep 'fence NOT confirmed' /tmp/n3b.log | grep n2 | tail -n 1 | grep "UUID $U1" | grep -q "UUID $U3" || die "the refusal does not name both identities"
 st
 row_of n2 | grep -q 'OWED' || die "n2's fence is not owed: $(row_of n2)"
 [ "$(gen_of n2)" = 0 ] || die "n2 was bumped without evidence (generation $(gen_of n2))"

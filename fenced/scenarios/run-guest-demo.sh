@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's main-job demo, one command: builds `fenced`, boots the hwtests guest
-# (kernel nvmet target, one reservation-capable namespace, three loop hosts) and runs
+# (kernel nvmet target, one reservation-capable namespace with the target's default
+# identifiers, a UUID only, three loop hosts) and runs
 # fenced/scenarios/guest-fence.sh in it with etcd and three fenced daemons (a fourth
 # joins for the last phase, a device that refuses every preempt).
 #
@@ -58,6 +59,8 @@ if [[ $tls == 1 ]]; then
   extra=(--add "$pki=/etc/fenced-demo-tls" --env FENCED_DEMO_TLS_DIR=/etc/fenced-demo-tls
     --add "$(command -v etcdctl)=/usr/local/bin/etcdctl")
 fi
-exec "$repo/hwtests/guest/run" --scenario "$here/guest-fence.sh" \
+# The namespaces keep the kernel target's default identifiers (a random UUID, no NGUID),
+# as a user's nvmet target does (issue 27); --ns-ids nguid or serial after it overrides.
+exec "$repo/hwtests/guest/run" --scenario "$here/guest-fence.sh" --ns-ids default \
   --add "$(command -v etcd)=/usr/local/bin/etcd" --add "$stage/fenced=/usr/local/bin/fenced" \
   "${extra[@]}" "${args[@]}"

@@ -83,13 +83,25 @@ pub enum DaemonError {
         source: std::io::Error,
     },
     #[error(
-        "{} ({}) reports neither an NGUID nor an EUI-64 ({identity}): fenced cannot tell it from another namespace of its subsystem, so it cannot check that every node and controller uses the same namespace. Give the namespace an NGUID (nvmet: configfs device_nguid) or, knowing the risk, pass --allow-unidentified-namespace",
+        "{} ({}) reports no UUID, NGUID or EUI-64 and its controller no serial number ({identity}): fenced cannot tell it from another namespace of its subsystem, so it cannot check that every node and controller uses the same namespace. Give the namespace an identifier (nvmet: configfs device_uuid or device_nguid) or, knowing the risk, pass --allow-unidentified-namespace",
         path.display(), device.display()
     )]
     UnidentifiedNamespace {
         path: PathBuf,
         device: PathBuf,
-        identity: NamespaceIdentity,
+        identity: Box<NamespaceIdentity>,
+    },
+    /// `--ebs-volume-id` names one EBS volume and the block device is another.
+    #[error(
+        "{} ({}) is EBS volume {found} (its serial number {identity}), not the --ebs-volume-id {configured}: the EBS fencer would detach a volume other than the one the reservations are on. Name this host's device of {configured} (/dev/disk/by-id/nvme-Amazon_Elastic_Block_Store_{}), or the volume of this device",
+        path.display(), device.display(), configured.replace('-', "")
+    )]
+    WrongEbsVolume {
+        path: PathBuf,
+        device: PathBuf,
+        identity: Box<NamespaceIdentity>,
+        found: String,
+        configured: String,
     },
     #[error("{}", open_message(path, source))]
     OpenDevice {
@@ -352,11 +364,11 @@ pub(crate) fn open_device(path: &Path) -> Result<Device, DaemonError> {
 }
 
 /// Opens the shared namespace ([`open_reservations`]; both names are logged) and reads
-/// its identity for the join and fence checks: one without NGUID or EUI-64 is refused
-/// unless `allow_unidentified`.
+/// its identity for the join and fence checks ([`check_shared_namespace`]).
 fn open_shared_namespace(
     path: &Path,
     allow_unidentified: bool,
+    ebs_volume_id: Option<&str>,
 ) -> Result<(Device, NamespaceIdentity), DaemonError> {
     let (ns, device) = open_reservations(path)?;
     let identity = ns
@@ -365,18 +377,45 @@ fn open_shared_namespace(
             path: device.clone(),
             source,
         })?;
+    check_shared_namespace(path, &device, &identity, allow_unidentified, ebs_volume_id)?;
+    tracing::info!(block_device = %path.display(), device = %device.display(), nsid = ns.nsid(), namespace = %identity, kind = identity.kind().map_or("none", |k| k.as_str()), wwid = %identity.wwid(), "shared namespace device");
+    Ok((Arc::new(ns), identity))
+}
+
+/// Whether the shared namespace's identity lets the daemon start: a namespace named by
+/// a UUID, NGUID, EUI-64 or (none of them) its controller's serial number starts with
+/// default flags; one with none of these only with `allow_unidentified`. With
+/// `--ebs-volume-id`, a namespace that is an EBS volume must be that volume (EC2
+/// reports the volume id as the serial number, without the dash).
+fn check_shared_namespace(
+    path: &Path,
+    device: &Path,
+    identity: &NamespaceIdentity,
+    allow_unidentified: bool,
+    ebs_volume_id: Option<&str>,
+) -> Result<(), DaemonError> {
+    if let Some(configured) = ebs_volume_id {
+        if let Some(found) = fenced::fencer::other_ebs_volume(identity, configured) {
+            return Err(DaemonError::WrongEbsVolume {
+                path: path.to_owned(),
+                device: device.to_owned(),
+                identity: Box::new(identity.clone()),
+                found,
+                configured: configured.to_owned(),
+            });
+        }
+    }
     if !identity.is_identified() {
         if !allow_unidentified {
             return Err(DaemonError::UnidentifiedNamespace {
                 path: path.to_owned(),
-                device,
-                identity,
+                device: device.to_owned(),
+                identity: Box::new(identity.clone()),
             });
         }
-        tracing::warn!(block_device = %path.display(), device = %device.display(), namespace = %identity, "--allow-unidentified-namespace: the namespace reports no NGUID or EUI-64; only its subsystem NQN is checked, another namespace of the same subsystem would pass");
+        tracing::warn!(block_device = %path.display(), device = %device.display(), namespace = %identity, "--allow-unidentified-namespace: the namespace reports no UUID, NGUID or EUI-64 and its controller no serial number; only its subsystem NQN is checked, another namespace of the same subsystem would pass");
     }
-    tracing::info!(block_device = %path.display(), device = %device.display(), nsid = ns.nsid(), namespace = %identity, "shared namespace device");
-    Ok((Arc::new(ns), identity))
+    Ok(())
 }
 
 /// With `--ebs-volume-id`: the EBS fencer, and the instance id to join with, checked
@@ -542,7 +581,11 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
         // (gp3 and older io2 attachments have none).
         (FencerKind::Ebs, _) | (_, None) => (None, None),
         (_, Some(p)) => {
-            let (d, id) = open_shared_namespace(p, s.allow_unidentified_namespace)?;
+            let (d, id) = open_shared_namespace(
+                p,
+                s.allow_unidentified_namespace,
+                s.ebs.volume_id.as_deref(),
+            )?;
             (Some(d), Some(id))
         }
     };
@@ -726,5 +769,95 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(id: &NamespaceIdentity, allow: bool, ebs: Option<&str>) -> Result<(), DaemonError> {
+        check_shared_namespace(
+            Path::new("/dev/disk/by-id/x"),
+            Path::new("/dev/nvme0n1"),
+            id,
+            allow,
+            ebs,
+        )
+    }
+
+    fn ebs(volume: &str) -> NamespaceIdentity {
+        NamespaceIdentity {
+            vid: nvme_resv::identity::AMAZON_VID,
+            serial: volume.as_bytes().to_vec(),
+            model: nvme_resv::identity::EBS_MODEL.as_bytes().to_vec(),
+            nsid: 1,
+            ..NamespaceIdentity::default()
+        }
+    }
+
+    /// Issue 27: the kernel target's default namespace (a UUID only) and an EBS volume
+    /// (a serial number only) start with default flags.
+    #[test]
+    fn uuid_only_and_serial_only_namespaces_start_with_default_flags() {
+        let uuid_only = NamespaceIdentity {
+            uuid: [0x3c; 16],
+            subnqn: "nqn.2014-08.org.fenced:hwtest".into(),
+            ..NamespaceIdentity::default()
+        };
+        check(&uuid_only, false, None).unwrap();
+        check(&ebs("vol0123456789abcdef0"), false, None).unwrap();
+        check(
+            &ebs("vol0123456789abcdef0"),
+            false,
+            Some("vol-0123456789abcdef0"),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn only_a_namespace_without_any_identifier_needs_the_override() {
+        let e = check(&ebs(""), false, None).unwrap_err();
+        assert!(
+            matches!(e, DaemonError::UnidentifiedNamespace { .. }),
+            "{e:?}"
+        );
+        let text = e.to_string();
+        assert!(
+            text.contains("no UUID, NGUID or EUI-64 and its controller no serial number")
+                && text.contains("--allow-unidentified-namespace"),
+            "{text}"
+        );
+        check(&ebs(""), true, None).unwrap();
+    }
+
+    #[test]
+    fn an_ebs_volume_other_than_the_configured_one_is_refused() {
+        let e = check(
+            &ebs("vol0123456789abcdef0"),
+            false,
+            Some("vol-0fedcba9876543210"),
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(
+            matches!(&e, DaemonError::WrongEbsVolume { found, .. } if found == "vol-0123456789abcdef0"),
+            "{e:?}"
+        );
+        assert!(
+            text.contains("is EBS volume vol-0123456789abcdef0")
+                && text.contains("not the --ebs-volume-id vol-0fedcba9876543210")
+                && text.contains("nvme-Amazon_Elastic_Block_Store_vol0fedcba9876543210"),
+            "{text}"
+        );
+        // Even with the override: it is about which volume, not whether it is named.
+        assert!(
+            check(
+                &ebs("vol0123456789abcdef0"),
+                true,
+                Some("vol-0fedcba9876543210")
+            )
+            .is_err()
+        );
     }
 }

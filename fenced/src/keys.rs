@@ -17,7 +17,8 @@
 //! <root>/instance/<node>              instance id the node last joined with
 //! <root>/boot/<node>                  JSON: boot id and generation of the last join
 //! <root>/namespace                    create-only, JSON identity of the shared
-//!                                     namespace (NGUID, EUI-64, subsystem NQN)
+//!                                     namespace (its kind: UUID, NGUID, EUI-64 or
+//!                                     vid-serial-model-nsid; subsystem NQN)
 //! <root>/controller/live/<id>         a running controller's presence, bound to its
 //!                                     lease; value = the node it runs on (may be empty)
 //! <root>/controller/sweep_done        id of the controller that last completed a full

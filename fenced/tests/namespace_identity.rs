@@ -19,6 +19,7 @@ fn id(b: u8) -> NamespaceIdentity {
         nguid: [b; 16],
         eui64: [0; 8],
         subnqn: "nqn.2014-08.org.fenced:test".into(),
+        ..nvme_resv::NamespaceIdentity::default()
     }
 }
 
@@ -148,4 +149,124 @@ async fn a_controller_on_another_namespace_leaves_the_fence_owed() {
     .await;
     assert!(!c.ns.snapshot().is_registered(key_of("n1")));
     assert_eq!(fences_of(&store, "n1").await.len(), 1);
+}
+
+/// The record a fenced of issue 14 wrote for the namespace of NGUID `[1; 16]`.
+const OLD_RECORD: &str = r#"{"nguid":"01010101010101010101010101010101","eui64":"0000000000000000","subnqn":"nqn.2014-08.org.fenced:test"}"#;
+
+async fn put_raw(c: &Cluster, key: &str, value: &str) {
+    let mut client = etcd_client::Client::connect([c.etcd.endpoint()], None)
+        .await
+        .expect("connect to the test etcd");
+    client.put(key, value, None).await.expect("put");
+}
+
+async fn get_raw(c: &Cluster, key: &str) -> String {
+    let mut client = etcd_client::Client::connect([c.etcd.endpoint()], None)
+        .await
+        .expect("connect to the test etcd");
+    let r = client.get(key, None).await.expect("get");
+    String::from_utf8_lossy(r.kvs()[0].value()).into_owned()
+}
+
+/// Upgrade (issue 27): a cluster whose `<root>/namespace` was recorded by an earlier
+/// fenced (NGUID only, no kind) keeps its record; a node of this version, whose device
+/// now also reports a UUID (nvmet gives every namespace one), joins on it; a node on
+/// another NGUID is refused; the fencer's check accepts the shared one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_nguid_record_keeps_matching_after_the_upgrade() {
+    let c = Cluster::new();
+    let key = format!("{}/namespace", c.root);
+    put_raw(&c, &key, OLD_RECORD).await;
+    let mut now = id(1);
+    now.uuid = [0x3c; 16];
+    now.serial = b"1b2c3d4e5f60".to_vec();
+    now.nsid = 1;
+    assert_eq!(now.kind(), Some(nvme_resv::IdentityKind::Uuid));
+    c.ns.set_identity(now.clone());
+    let other = device::Namespace::new();
+    let mut other_id = now.clone();
+    other_id.nguid = [2; 16];
+    other.set_identity(other_id);
+
+    let n1 = start(&c, "n1", c.host("n1"))
+        .await
+        .expect("n1 joins on the old record");
+    assert_eq!(
+        get_raw(&c, &key).await,
+        OLD_RECORD,
+        "the record was rewritten"
+    );
+    let e = start(&c, "n2", other.host(host_id("n2")))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, AgentError::WrongNamespace { .. }), "{e:?}");
+    let store = c.store().await;
+    let check = NamespaceCheck {
+        joined: now.clone(),
+        record: Some(Arc::new(store.clone())),
+    };
+    check.check(now.clone()).await.expect("the fencer's check");
+    drop(n1);
+}
+
+/// A namespace named by its UUID only (the kernel target's default), then one named
+/// by its serial number only (an EBS volume): the first join records which kind it
+/// holds; the same namespace through another host joins; another namespace of that
+/// kind is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uuid_and_serial_identities_are_recorded_with_their_kind() {
+    let uuid_only = |b: u8| NamespaceIdentity {
+        uuid: [b; 16],
+        serial: b"1b2c3d4e5f60".to_vec(),
+        model: b"Linux".to_vec(),
+        nsid: 1,
+        subnqn: "nqn.2014-08.org.fenced:test".into(),
+        ..NamespaceIdentity::default()
+    };
+    let ebs = |vol: &str| NamespaceIdentity {
+        vid: 0x1d0f,
+        serial: vol.as_bytes().to_vec(),
+        model: b"Amazon Elastic Block Store".to_vec(),
+        nsid: 1,
+        ..NamespaceIdentity::default()
+    };
+    for (ours, theirs, kind) in [
+        (uuid_only(1), uuid_only(2), "uuid"),
+        (
+            ebs("vol0123456789abcdef0"),
+            ebs("vol0fedcba9876543210"),
+            "vid-serial-model-nsid",
+        ),
+    ] {
+        let c = Cluster::new();
+        c.ns.set_identity(ours.clone());
+        let other = device::Namespace::new();
+        other.set_identity(theirs);
+        let n1 = start(&c, "n1", c.host("n1")).await.expect("n1 joins");
+        let record = get_raw(&c, &format!("{}/namespace", c.root)).await;
+        assert!(record.contains(&format!(r#""kind":"{kind}""#)), "{record}");
+        assert!(
+            record.contains(&format!(r#""wwid":"{}""#, ours.wwid())),
+            "{record}"
+        );
+        let store = c.store().await;
+        assert!(
+            store
+                .namespace_record()
+                .await
+                .unwrap()
+                .unwrap()
+                .same_namespace(&ours)
+        );
+        let n2 = start(&c, "n2", c.host("n2"))
+            .await
+            .expect("n2 joins the same namespace");
+        let e = start(&c, "n3", other.host(host_id("n3")))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, AgentError::WrongNamespace { .. }), "{e:?}");
+        assert!(!other.snapshot().is_registered(key_of("n3")));
+        drop((n1, n2));
+    }
 }

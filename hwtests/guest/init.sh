@@ -7,6 +7,13 @@
 # With HWTEST_RESV_NAMESPACES=2 (run --resv-namespaces 2) also namespace 3, a second
 # reservation-capable one, exported per host as HWTEST_NVME_HOSTS2. Namespace n has the
 # NGUID fe0ced00000040008000 followed by 00000000000n.
+# HWTEST_NS_IDS (run --ns-ids) changes how namespaces identify themselves: "nguid"
+# (default) as above, next to the random UUID nvmet gives every namespace; "default"
+# keeps the kernel target's defaults (the random UUID only, NGUID zero); "serial"
+# reports no UUID, NGUID or EUI-64, and the subsystem's serial and model numbers are
+# an EBS volume's (serial vol0123456789abcdef0, model "Amazon Elastic Block Store";
+# vendor id 1d0f where the kernel lets it be set), so a namespace is named by Linux's
+# fallback, vendor id, serial, model and nsid.
 # Then exports the device paths and runs /scenario/run.sh; prints the result marker and
 # powers off. Every line here goes to the serial console, which the host keeps as a log.
 export PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -49,6 +56,20 @@ NS_SIZE=${NS_SIZE:-64M}
 
 mkdir "$S" || fail "mkdir subsystem"
 echo 0 >"$S/attr_allow_any_host"
+NS_IDS=${HWTEST_NS_IDS:-nguid}
+case $NS_IDS in
+  nguid|default) ;;
+  serial)
+    # Before any host connects: nvmet refuses model changes once discovered.
+    echo -n vol0123456789abcdef0 >"$S/attr_serial" || fail "attr_serial"
+    echo -n "Amazon Elastic Block Store" >"$S/attr_model" || fail "attr_model"
+    if [ -e "$S/attr_vendor_id" ]; then
+      echo 0x1d0f >"$S/attr_vendor_id" || fail "attr_vendor_id"
+    fi
+    ;;
+  *) fail "HWTEST_NS_IDS=$NS_IDS: only nguid, default or serial" ;;
+esac
+echo "guest-init: namespace identifiers: $NS_IDS"
 host_uuid() { printf '%08x-0000-4000-8000-%012x' "$1" "$1"; }
 i=1
 while [ "$i" -le "$NHOSTS" ]; do
@@ -73,8 +94,15 @@ for nsid in $nsids; do
   # A distinct NGUID per namespace (Identify Namespace bytes 119:104), as real devices
   # report one: fenced identifies the shared namespace by it (nvmet's default is zero).
   # Like resv_enable, only writable while the namespace is disabled.
-  echo "fe0ced00-0000-4000-8000-00000000000$nsid" >"$S/namespaces/$nsid/device_nguid" \
-    || fail "device_nguid $nsid"
+  case $NS_IDS in
+    nguid)
+      echo "fe0ced00-0000-4000-8000-00000000000$nsid" >"$S/namespaces/$nsid/device_nguid" \
+        || fail "device_nguid $nsid" ;;
+    serial)
+      # nvmet reports a UUID descriptor only when the UUID is not zero.
+      echo "00000000-0000-0000-0000-000000000000" >"$S/namespaces/$nsid/device_uuid" \
+        || fail "device_uuid $nsid" ;;
+  esac
   if [ "$nsid" != 2 ]; then
     # Must precede enable: nvmet refuses resv_enable on an enabled namespace (EINVAL).
     echo 1 >"$S/namespaces/$nsid/resv_enable" || fail "resv_enable (kernel too old? needs >= 6.13)"
@@ -147,7 +175,7 @@ for L in $letters; do
   fi
   i=$((i + 1))
 done
-export HWTEST_NVME_HOSTS=$hosts HWTEST_NVME_NORESV=$noresv HWTEST_GUEST=1
+export HWTEST_NVME_HOSTS=$hosts HWTEST_NVME_NORESV=$noresv HWTEST_GUEST=1 HWTEST_NS_IDS=$NS_IDS
 [ -z "$hosts2" ] || export HWTEST_NVME_HOSTS2=$hosts2
 echo "guest-init: nvmet ready at $(uptime_s)s: HWTEST_NVME_HOSTS=$HWTEST_NVME_HOSTS HWTEST_NVME_NORESV=$HWTEST_NVME_NORESV${hosts2:+ HWTEST_NVME_HOSTS2=$hosts2}"
 

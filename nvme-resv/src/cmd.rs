@@ -112,6 +112,57 @@ pub mod opcode {
     pub const RESERVATION_RELEASE: u8 = 0x15;
     /// Identify (admin command, Base Specification 2.0c section 5.17).
     pub const ADMIN_IDENTIFY: u8 = 0x06;
+    /// Get Features (admin command, Base Specification 2.0c section 5.15).
+    pub const ADMIN_GET_FEATURES: u8 = 0x0a;
+}
+
+/// Identify Controller or Namespace Structure (CNS) values, Base Specification 2.0c
+/// section 5.17.1, figure "CNS Values".
+pub mod cns {
+    /// Identify Namespace data structure for the specified NSID.
+    pub const NAMESPACE: u8 = 0x00;
+    /// Identify Controller data structure.
+    pub const CONTROLLER: u8 = 0x01;
+    /// Namespace Identification Descriptor list for the specified NSID.
+    pub const DESCRIPTORS: u8 = 0x03;
+}
+
+/// Identify Command Dword 10 (Base 2.0c 5.17.1): CNS in bits 7:0, CNTID 31:16 zero.
+pub const fn identify_cdw10(cns: u8) -> u32 {
+    cns as u32
+}
+
+/// Feature Identifier of Reservation Persistence (Base 2.0c section 5.27.1,
+/// "Reservation Persistence (Feature Identifier 83h)"): namespace specific, dword 0 of
+/// the completion has PTPL in bit 0.
+pub const FID_RESERVATION_PERSISTENCE: u8 = 0x83;
+
+/// Get Features Select (SEL), CDW10 bits 10:8 (Base 2.0c 5.15, "Get Features - Select").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FeatureSelect {
+    /// The value in use now (000b).
+    Current,
+    /// The value after a reset (001b).
+    Default,
+    /// The value kept across a power cycle (010b).
+    Saved,
+}
+
+/// Get Features Command Dword 10 (Base 2.0c 5.15): FID in bits 7:0, SEL in bits 10:8.
+pub const fn get_features_cdw10(fid: u8, sel: FeatureSelect) -> u32 {
+    let sel = match sel {
+        FeatureSelect::Current => 0,
+        FeatureSelect::Default => 1,
+        FeatureSelect::Saved => 2,
+    };
+    fid as u32 | sel << 8
+}
+
+/// The Reservation Persistence feature's PTPL bit from the completion's dword 0:
+/// whether reservations and registrants persist through a power loss now.
+pub const fn ptpl_from_dword0(dw0: u32) -> bool {
+    dw0 & 1 != 0
 }
 
 const IEKEY_BIT: u32 = 1 << 3;
@@ -508,6 +559,26 @@ mod tests {
         assert_eq!(report_cdw10(4), 0);
         assert_eq!(report_cdw11(true), 1);
         assert_eq!(report_cdw11(false), 0);
+    }
+
+    /// Base Specification 2.0c 5.17.1 (Identify CDW10: CNS 7:0) and 5.15 (Get
+    /// Features CDW10: FID 7:0, SEL 10:8); FID 83h's dword 0: PTPL in bit 0.
+    #[test]
+    fn admin_dwords() {
+        assert_eq!(opcode::ADMIN_GET_FEATURES, 0x0a);
+        assert_eq!(identify_cdw10(cns::DESCRIPTORS), 0x03);
+        assert_eq!(identify_cdw10(cns::CONTROLLER), 0x01);
+        assert_eq!(
+            get_features_cdw10(FID_RESERVATION_PERSISTENCE, FeatureSelect::Current),
+            0x083
+        );
+        assert_eq!(
+            get_features_cdw10(FID_RESERVATION_PERSISTENCE, FeatureSelect::Saved),
+            0x283
+        );
+        assert_eq!(get_features_cdw10(0x82, FeatureSelect::Default), 0x182);
+        assert!(ptpl_from_dword0(1) && ptpl_from_dword0(0xffff_ffff));
+        assert!(!ptpl_from_dword0(0) && !ptpl_from_dword0(0xffff_fffe));
     }
 
     #[test]

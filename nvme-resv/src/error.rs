@@ -22,6 +22,10 @@ pub enum Operation {
     IdentifyController,
     /// Identify Namespace (admin opcode 06h, CNS 00h).
     IdentifyNamespace,
+    /// Identify Namespace Identification Descriptor list (admin opcode 06h, CNS 03h).
+    IdentifyDescriptors,
+    /// Get Features (admin opcode 0Ah).
+    GetFeatures,
     /// Reservation Register (I/O opcode 0Dh).
     Register,
     /// Reservation Report (I/O opcode 0Eh).
@@ -43,6 +47,8 @@ impl fmt::Display for Operation {
             Self::NamespaceId => "NVME_IOCTL_ID",
             Self::IdentifyController => "Identify Controller",
             Self::IdentifyNamespace => "Identify Namespace",
+            Self::IdentifyDescriptors => "Identify Namespace Identification Descriptor list",
+            Self::GetFeatures => "Get Features",
             Self::Register => "Reservation Register",
             Self::Report => "Reservation Report",
             Self::Acquire => "Reservation Acquire",

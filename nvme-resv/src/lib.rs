@@ -9,8 +9,8 @@
 //!
 //! The API is split so that everything that can be checked without hardware is:
 //! [`cmd`] holds the pure command encoders, [`report`] the report parser, [`status`]
-//! the NVMe status decoding, [`identity`] the namespace identifiers (NGUID, EUI-64,
-//! subsystem NQN) from Identify data, [`model`] an in-memory model of the specification's
+//! the NVMe status decoding, [`identity`] the namespace identifiers (UUID, NGUID,
+//! EUI-64, serial number, subsystem NQN) from Identify data, [`model`] an in-memory model of the specification's
 //! reservation rules. [`Namespace`] is the real device; [`Reservations`] is the trait
 //! both the device and the model implement. [`node`] holds the rule for valid node ids
 //! ([`NodeId`]) and [`raw`] any other passthrough command through a safe function.
@@ -68,7 +68,10 @@ use std::hash::Hasher;
 
 pub use cmd::{Acquire, AcquireAction, Cptpl, Register, RegisterAction, Release, ReleaseAction};
 pub use error::{Error, Operation, ReportError, Result};
-pub use identity::{IdentifyError, NamespaceId, NamespaceIdentity};
+pub use identity::{
+    ControllerIds, IdentifyError, IdentityKind, MatchRule, NamespaceDescriptors, NamespaceId,
+    NamespaceIdentity,
+};
 pub use namespace::{Capabilities, Namespace, ReportFormat};
 pub use node::{InvalidNodeId, NodeId};
 pub use report::{RegisteredController, ReservationStatus};
@@ -231,7 +234,8 @@ pub trait Reservations {
     fn release(&self, cmd: &Release) -> Result<()>;
     /// Reservation Report, every registrant included.
     fn report(&self) -> Result<ReservationStatus>;
-    /// Which namespace this is ([`NamespaceIdentity`]: NGUID, EUI-64, subsystem NQN).
+    /// Which namespace this is ([`NamespaceIdentity`]: UUID, NGUID, EUI-64, serial
+    /// number, subsystem NQN).
     /// The default answers [`Error::Unsupported`]: a handle that cannot identify its
     /// namespace must not be taken for any particular one.
     fn identity(&self) -> Result<NamespaceIdentity> {

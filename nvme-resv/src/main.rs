@@ -8,9 +8,9 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use nvme_resv::{
-    Acquire, AcquireAction, Cptpl, Error, Key, Namespace, NodeId, NvmeStatus, Register,
-    RegisterAction, Release, ReleaseAction, ReportFormat, ReservationStatus, ReservationType,
-    Reservations,
+    Acquire, AcquireAction, Capabilities, Cptpl, Error, Key, Namespace, NamespaceDescriptors,
+    NamespaceIdentity, NodeId, NvmeStatus, Register, RegisterAction, Release, ReleaseAction,
+    ReportFormat, ReservationStatus, ReservationType, Reservations,
 };
 
 #[derive(Debug, Parser)]
@@ -51,8 +51,11 @@ enum Verb {
     /// Reservation Report: generation, type held and every registrant
     /// (nvme resv-report --eds).
     Report(ReportArgs),
-    /// What the namespace supports: reservation types (RESCAP), IEKEY, PTPL, block size;
-    /// and which namespace it is (NGUID, EUI-64, subsystem NQN).
+    /// What the namespace supports, to run before deploying: the ONCS reservations bit,
+    /// reservation types (RESCAP), IEKEY, PTPL support and its current state (Get
+    /// Features 83h), block size; and which namespace it is (UUID, NGUID, EUI-64 from
+    /// Identify Namespace and the descriptor list; vendor id, serial and model number;
+    /// subsystem NQN; Linux's wwid) with the identity fenced records for it.
     Capabilities(CapsArgs),
     /// Print the reservation key of a node id (FNV-1a 64; never 0).
     KeyForNode {
@@ -394,58 +397,142 @@ fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
         Verb::Capabilities(a) => {
             let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
             let c = ns.capabilities().map_err(with(&a.device))?;
+            let descs = ns.descriptors().map_err(with(&a.device))?;
             let id = ns.namespace_identity().map_err(with(&a.device))?;
+            // A device without the feature (or refusing it) still gets the rest of the
+            // answer; the failure is part of it.
+            let ptpl_state = ns.ptpl_state();
             match a.output {
                 Output::Json => {
-                    let v = serde_json::json!({
-                        "nsid": ns.nsid(),
-                        "reservations": c.reservations,
-                        "oncs_reservations": c.oncs_reservations,
-                        "rescap": c.rescap,
-                        "rtypes": c.types().iter().map(|t| t.0).collect::<Vec<_>>(),
-                        "iekey": c.iekey,
-                        "ptpl": c.ptpl,
-                        "lba_size": c.lba_size,
-                        "nsze": c.nsze,
-                        "nguid": id.nguid_hex(),
-                        "eui64": id.eui64_hex(),
-                        "subnqn": id.subnqn,
-                    });
-                    println!("{v:#}");
+                    println!("{:#}", caps_json(&ns, &c, descs.as_ref(), &id, &ptpl_state))
                 }
-                Output::Normal => {
-                    println!("{} (nsid {}):", a.device.display(), ns.nsid());
-                    println!("  identity: {id}");
-                    println!(
-                        "  reservations: {} (ONCS bit 5 {}, RESCAP {:#04x})",
-                        if c.reservations {
-                            "supported"
-                        } else {
-                            "NOT supported"
-                        },
-                        if c.oncs_reservations { "set" } else { "clear" },
-                        c.rescap
-                    );
-                    for t in ReservationType::ALL {
-                        println!("    {t}: {}", if c.supports(t) { "yes" } else { "no" });
-                    }
-                    println!(
-                        "  IEKEY (1.3 semantics): {}",
-                        if c.iekey { "yes" } else { "no" }
-                    );
-                    println!(
-                        "  persist through power loss: {}",
-                        if c.ptpl { "yes" } else { "no" }
-                    );
-                    println!(
-                        "  logical block size: {} bytes, {} blocks",
-                        c.lba_size, c.nsze
-                    );
-                }
+                Output::Normal => print_caps(&a.device, &ns, &c, descs.as_ref(), &id, &ptpl_state),
             }
         }
     }
     Ok(())
+}
+
+/// What fenced records for this namespace, in words.
+fn fenced_records(id: &NamespaceIdentity) -> String {
+    match id.kind() {
+        Some(k) => format!("{k}: {id}"),
+        None => "nothing: the namespace reports no UUID, NGUID or EUI-64 and its controller no \
+                 serial number; fenced refuses it unless --allow-unidentified-namespace"
+            .to_owned(),
+    }
+}
+
+fn caps_json(
+    ns: &Namespace,
+    c: &Capabilities,
+    descs: Option<&NamespaceDescriptors>,
+    id: &NamespaceIdentity,
+    ptpl_state: &Result<bool, Error>,
+) -> serde_json::Value {
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+    let descriptors = descs.map(|d| {
+        serde_json::json!({
+            "eui64": d.eui64.map(|v| hex(&v)),
+            "nguid": d.nguid.map(|v| hex(&v)),
+            "uuid": d.uuid.map(|v| nvme_resv::identity::uuid_text(&v)),
+            "csi": d.csi,
+        })
+    });
+    let mut v = serde_json::json!({
+        "nsid": ns.nsid(),
+        "reservations": c.reservations,
+        "oncs_reservations": c.oncs_reservations,
+        "rescap": c.rescap,
+        "rtypes": c.types().iter().map(|t| t.0).collect::<Vec<_>>(),
+        "iekey": c.iekey,
+        "ptpl": c.ptpl,
+        "ptpl_state": ptpl_state.as_ref().ok(),
+        "lba_size": c.lba_size,
+        "nsze": c.nsze,
+        "nguid": id.nguid_hex(),
+        "eui64": id.eui64_hex(),
+        "uuid": id.uuid_text(),
+        "descriptors": descriptors,
+        "vid": id.vid,
+        "sn": id.serial_text(),
+        "mn": id.model_text(),
+        "subnqn": id.subnqn,
+        "wwid": id.wwid(),
+        "ebs_volume_id": id.ebs_volume_id(),
+        "fenced_identity": id.kind().map(|k| serde_json::json!({
+            "kind": k.as_str(),
+            "text": id.to_string(),
+        })),
+    });
+    if let (Err(e), Some(m)) = (ptpl_state, v.as_object_mut()) {
+        m.insert("ptpl_state_error".into(), e.to_string().into());
+    }
+    v
+}
+
+fn print_caps(
+    dev: &std::path::Path,
+    ns: &Namespace,
+    c: &Capabilities,
+    descs: Option<&NamespaceDescriptors>,
+    id: &NamespaceIdentity,
+    ptpl_state: &Result<bool, Error>,
+) {
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    println!("{} (nsid {}):", dev.display(), ns.nsid());
+    println!("  identity: {id}");
+    println!("  fenced records: {}", fenced_records(id));
+    println!("  Linux wwid: {}", id.wwid());
+    println!(
+        "  controller: vid {:#06x}, serial \"{}\", model \"{}\"{}",
+        id.vid,
+        id.serial_text(),
+        id.model_text(),
+        id.ebs_volume_id()
+            .map(|v| format!(" (EBS volume {v})"))
+            .unwrap_or_default()
+    );
+    match descs {
+        None => println!("  descriptor list (CNS 03h): not supported by the controller"),
+        Some(d) => {
+            let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+            let or_none = |v: Option<String>| v.unwrap_or_else(|| "-".to_owned());
+            println!(
+                "  descriptor list (CNS 03h): UUID {}, NGUID {}, EUI-64 {}, CSI {}",
+                or_none(d.uuid.map(|v| nvme_resv::identity::uuid_text(&v))),
+                or_none(d.nguid.map(|v| hex(&v))),
+                or_none(d.eui64.map(|v| hex(&v))),
+                or_none(d.csi.map(|v| format!("{v:#x}"))),
+            );
+        }
+    }
+    println!(
+        "  reservations: {} (ONCS bit 5 {}, RESCAP {:#04x})",
+        if c.reservations {
+            "supported"
+        } else {
+            "NOT supported"
+        },
+        if c.oncs_reservations { "set" } else { "clear" },
+        c.rescap
+    );
+    for t in ReservationType::ALL {
+        println!("    {t}: {}", yes(c.supports(t)));
+    }
+    println!("  IEKEY (1.3 semantics): {}", yes(c.iekey));
+    println!("  persist through power loss: {}", yes(c.ptpl));
+    match ptpl_state {
+        Ok(on) => println!(
+            "  persistence now (Get Features 83h): PTPL {}",
+            if *on { "on" } else { "off" }
+        ),
+        Err(e) => println!("  persistence now (Get Features 83h): unknown ({e})"),
+    }
+    println!(
+        "  logical block size: {} bytes, {} blocks",
+        c.lba_size, c.nsze
+    );
 }
 
 /// What to do about an error, when there is something useful to say.

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use crate::cmd::{self, opcode};
 use crate::error::{Error, Operation, ReportError, Result};
-use crate::identity::NamespaceIdentity;
+use crate::identity::{ControllerIds, IdentifyError, NamespaceDescriptors, NamespaceIdentity};
 use crate::raw::{Command, Data, Queue};
 use crate::report::{self, EXTENDED_ENTRY_LEN, EXTENDED_HEADER_LEN};
 use crate::status::{Completion, NvmeStatus};
@@ -183,7 +183,7 @@ impl Namespace {
         self.submit(
             op,
             Queue::Admin,
-            Command::new(opcode::ADMIN_IDENTIFY, nsid).cdw10(u32::from(cns)),
+            Command::new(opcode::ADMIN_IDENTIFY, nsid).cdw10(cmd::identify_cdw10(cns)),
             Data::FromDevice(&mut buf[..]),
         )?;
         Ok(buf)
@@ -192,12 +192,12 @@ impl Namespace {
     /// Identify Controller and Identify Namespace, reduced to what reservations need.
     pub fn capabilities(&self) -> Result<Capabilities> {
         // Identify Controller (CNS 01h): ONCS is bytes 521:520.
-        let ctrl = self.identify(Operation::IdentifyController, 0x01, 0)?;
+        let ctrl = self.identify(Operation::IdentifyController, cmd::cns::CONTROLLER, 0)?;
         let oncs = u16::from_le_bytes([ctrl[520], ctrl[521]]);
         // Identify Namespace (CNS 00h), NVM Command Set 1.0c "Identify Namespace Data Structure": NSZE 7:0,
         // FLBAS byte 26 (format index bits 3:0, high bits 6:5), RESCAP byte 31,
         // LBA Format n at 128 + 4n with LBADS in its byte 2.
-        let ns = self.identify(Operation::IdentifyNamespace, 0x00, self.nsid)?;
+        let ns = self.identify(Operation::IdentifyNamespace, cmd::cns::NAMESPACE, self.nsid)?;
         let mut nsze = [0u8; 8];
         nsze.copy_from_slice(&ns[0..8]);
         let flbas = ns[26];
@@ -211,29 +211,68 @@ impl Namespace {
         ))
     }
 
-    /// Which namespace this is: NGUID and EUI-64 from Identify Namespace, the subsystem
-    /// NQN from Identify Controller (layouts in [`crate::identity`]).
-    pub fn namespace_identity(&self) -> Result<NamespaceIdentity> {
-        let ctrl = self.identify(Operation::IdentifyController, 0x01, 0)?;
-        let ns = self.identify(Operation::IdentifyNamespace, 0x00, self.nsid)?;
-        let (nguid, eui64) = crate::identity::parse_namespace_ids(&ns[..]).map_err(|source| {
-            Error::InvalidIdentify {
-                op: Operation::IdentifyNamespace,
-                nsid: self.nsid,
-                source,
+    /// The Namespace Identification Descriptor list (Identify CNS 03h; layout in
+    /// [`crate::identity`]). `Ok(None)` when the controller refuses CNS 03h as an
+    /// invalid field (it predates revision 1.3, which introduced the list).
+    pub fn descriptors(&self) -> Result<Option<NamespaceDescriptors>> {
+        let op = Operation::IdentifyDescriptors;
+        let buf = match self.identify(op, cmd::cns::DESCRIPTORS, self.nsid) {
+            Ok(b) => b,
+            Err(Error::Device { status, .. }) if status.same_code(NvmeStatus::INVALID_FIELD) => {
+                return Ok(None);
             }
-        })?;
-        let subnqn =
-            crate::identity::parse_subnqn(&ctrl[..]).map_err(|source| Error::InvalidIdentify {
-                op: Operation::IdentifyController,
-                nsid: self.nsid,
-                source,
-            })?;
-        Ok(NamespaceIdentity {
-            nguid,
-            eui64,
-            subnqn,
-        })
+            Err(e) => return Err(e),
+        };
+        crate::identity::parse_descriptors(&buf[..])
+            .map(Some)
+            .map_err(|source| self.invalid(op, source))
+    }
+
+    /// VID, serial number, model number and subsystem NQN from Identify Controller.
+    pub fn controller_ids(&self) -> Result<ControllerIds> {
+        let op = Operation::IdentifyController;
+        let ctrl = self.identify(op, cmd::cns::CONTROLLER, 0)?;
+        crate::identity::parse_controller(&ctrl[..]).map_err(|source| self.invalid(op, source))
+    }
+
+    fn invalid(&self, op: Operation, source: IdentifyError) -> Error {
+        Error::InvalidIdentify {
+            op,
+            nsid: self.nsid,
+            source,
+        }
+    }
+
+    /// Which namespace this is: NGUID and EUI-64 from Identify Namespace, the UUID (and
+    /// NGUID and EUI-64 where the fields are zero) from the descriptor list, the vendor
+    /// id, serial and model numbers and the subsystem NQN from Identify Controller
+    /// (layouts in [`crate::identity`]).
+    pub fn namespace_identity(&self) -> Result<NamespaceIdentity> {
+        let ctrl = self.controller_ids()?;
+        let op = Operation::IdentifyNamespace;
+        let ns = self.identify(op, cmd::cns::NAMESPACE, self.nsid)?;
+        let (nguid, eui64) = crate::identity::parse_namespace_ids(&ns[..])
+            .map_err(|source| self.invalid(op, source))?;
+        let descs = self.descriptors()?.unwrap_or_default();
+        NamespaceIdentity::from_parts(self.nsid, nguid, eui64, ctrl, &descs)
+            .map_err(|source| self.invalid(Operation::IdentifyDescriptors, source))
+    }
+
+    /// The Reservation Persistence feature now (Get Features, FID 83h, current value):
+    /// whether reservations and registrants persist through a power loss (PTPL).
+    /// Unlike [`Capabilities::ptpl`] (RESCAP: the device *can*), this is whether it
+    /// *does*.
+    pub fn ptpl_state(&self) -> Result<bool> {
+        let dw0 = self.submit(
+            Operation::GetFeatures,
+            Queue::Admin,
+            Command::new(opcode::ADMIN_GET_FEATURES, self.nsid).cdw10(cmd::get_features_cdw10(
+                cmd::FID_RESERVATION_PERSISTENCE,
+                cmd::FeatureSelect::Current,
+            )),
+            Data::None,
+        )?;
+        Ok(cmd::ptpl_from_dword0(dw0))
     }
 
     /// Fails with [`Error::NoReservationSupport`] unless the namespace supports

@@ -531,3 +531,144 @@ fn namespace_without_reservations_is_refused_clearly() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("does not support reservations"), "{stderr}");
 }
+
+/// The kernel's own name for the namespace (`/sys/block/<name>/wwid`), when `path` is
+/// a block device the kernel lists.
+fn kernel_wwid(path: &std::path::Path) -> Option<String> {
+    let real = std::fs::canonicalize(path).ok()?;
+    let name = real.file_name()?.to_str()?;
+    let w = std::fs::read_to_string(format!("/sys/block/{name}/wwid")).ok()?;
+    Some(w.trim_end().to_owned())
+}
+
+fn str_of<'a>(v: &'a serde_json::Value, key: &str) -> &'a str {
+    v.get(key).and_then(|x| x.as_str()).unwrap_or_default()
+}
+
+#[test]
+#[ignore = "needs a reservation-capable NVMe namespace: set NVME_RESV_TEST_DEV (and NVME_RESV_TEST_IDENTITY to the kind expected)"]
+fn capabilities_identity_matches_nvme_cli_and_the_kernel() {
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ns = open_main();
+    let id = ns.namespace_identity().expect("identity");
+    let descs = ns.descriptors().expect("descriptor list");
+    println!("identity: {id}; descriptors {descs:?}; wwid {}", id.wwid());
+    let ours = json_of(
+        cli()
+            .arg("capabilities")
+            .arg(ns.path())
+            .args(["-o", "json"]),
+    )
+    .expect("nvme-resv CLI runs");
+    println!("nvme-resv capabilities: {ours}");
+    // The CLI says what the library reads.
+    assert_eq!(str_of(&ours, "wwid"), id.wwid());
+    assert_eq!(str_of(&ours, "uuid"), id.uuid_text());
+    assert_eq!(str_of(&ours, "sn"), id.serial_text());
+    assert_eq!(ours["vid"], u64::from(id.vid));
+    assert_eq!(ours["oncs_reservations"], true);
+    let kind = id.kind().map(|k| k.as_str()).unwrap_or("none");
+    assert_eq!(
+        ours["fenced_identity"]["kind"].as_str().unwrap_or("none"),
+        kind
+    );
+    if let Ok(want) = std::env::var("NVME_RESV_TEST_IDENTITY") {
+        assert_eq!(kind, want, "{id}");
+    }
+    // The kernel names the namespace the same way (its wwid order is ours).
+    match kernel_wwid(ns.path()) {
+        Some(w) => {
+            println!("kernel wwid: {w}");
+            assert_eq!(w, id.wwid(), "the kernel's wwid and ours differ");
+        }
+        None => println!(
+            "no /sys/block wwid for {}: kernel cross-check skipped",
+            ns.path().display()
+        ),
+    }
+    // nvme-cli, the independent peer: Identify Controller and the descriptor list.
+    let nvme = std::env::var_os("NVME_CLI").unwrap_or_else(|| "nvme".into());
+    match json_of(
+        Command::new(&nvme)
+            .arg("id-ctrl")
+            .arg(ns.path())
+            .args(["-o", "json"]),
+    ) {
+        Some(ctrl) => {
+            println!(
+                "nvme-cli id-ctrl: vid {} sn {:?} mn {:?} subnqn {:?}",
+                ctrl["vid"],
+                str_of(&ctrl, "sn"),
+                str_of(&ctrl, "mn"),
+                str_of(&ctrl, "subnqn")
+            );
+            assert_eq!(ctrl["vid"], ours["vid"]);
+            assert_eq!(str_of(&ctrl, "sn").trim_end(), str_of(&ours, "sn"));
+            assert_eq!(str_of(&ctrl, "mn").trim_end(), str_of(&ours, "mn"));
+            assert_eq!(str_of(&ctrl, "subnqn"), str_of(&ours, "subnqn"));
+        }
+        None => println!("nvme-cli not available: id-ctrl cross-check skipped"),
+    }
+    match json_of(
+        Command::new(&nvme)
+            .arg("ns-descs")
+            .arg(ns.path())
+            .args(["-o", "json"]),
+    ) {
+        Some(theirs) => {
+            println!("nvme-cli ns-descs: {theirs}");
+            // nvme-cli 2.x: {"ns-descs": [{"type": "uuid", "uuid": "…", …}, …]}.
+            let listed = |key: &str| {
+                theirs["ns-descs"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|d| d["type"] == key)
+                    .and_then(|d| d[key].as_str())
+                    .map(str::to_owned)
+            };
+            let d = &ours["descriptors"];
+            for key in ["uuid", "nguid", "eui64"] {
+                assert_eq!(
+                    d[key].as_str().map(str::to_owned),
+                    listed(key),
+                    "{key}: nvme-resv {d} nvme-cli {theirs}"
+                );
+            }
+            println!("nvme-cli ns-descs and nvme-resv agree");
+        }
+        None => println!("nvme-cli not available: ns-descs cross-check skipped"),
+    }
+    // Persistence now: Get Features 83h through nvme-cli; a device that refuses the
+    // feature refuses both.
+    let theirs = Command::new(&nvme)
+        .arg("get-feature")
+        .arg(ns.path())
+        .args(["-f", "0x83", "-n", &ns.nsid().to_string()])
+        .output();
+    match (&ours["ptpl_state"], theirs) {
+        (serde_json::Value::Bool(on), Ok(o)) if o.status.success() => {
+            let text = String::from_utf8_lossy(&o.stdout);
+            println!("nvme-cli get-feature 0x83: {}", text.trim());
+            let value = text.rsplit("value:").next().and_then(|v| {
+                let v = v.trim().trim_start_matches("0x");
+                u32::from_str_radix(v.split_whitespace().next()?, 16).ok()
+            });
+            assert_eq!(value.map(|v| v & 1 != 0), Some(*on), "{text}");
+            println!("persistence now: PTPL {on}, nvme-cli agrees");
+        }
+        (serde_json::Value::Null, Ok(o)) if !o.status.success() => println!(
+            "persistence now: refused by the device ({}); nvme-cli get-feature 0x83 refused too: {}",
+            str_of(&ours, "ptpl_state_error"),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        (state, Ok(o)) => panic!(
+            "nvme-resv ptpl_state {state} ({}) but nvme-cli get-feature 0x83 exit {}: {} {}",
+            str_of(&ours, "ptpl_state_error"),
+            o.status,
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        (_, Err(e)) => println!("nvme-cli not available ({e}): get-feature cross-check skipped"),
+    }
+}

@@ -289,10 +289,12 @@ pub struct RunArgs {
     /// of /proc/sysrq-trigger (a test points it at a temporary file). Default: that file.
     #[arg(long, env = "FENCED_SYSRQ_TRIGGER_FILE")]
     pub sysrq_trigger_file: Option<PathBuf>,
-    /// Run with reservations on a namespace that reports neither an NGUID nor an
-    /// EUI-64. Without either, fenced cannot tell the shared namespace from another
-    /// namespace of the same subsystem (only the subsystem NQN is compared), so it
-    /// refuses unless told. Command line / env only, on purpose. Default: off.
+    /// Run with reservations on a namespace that reports no UUID, NGUID or EUI-64 and
+    /// whose controller reports no serial number either. Without any of them, fenced
+    /// cannot tell the shared namespace from another namespace of the same subsystem
+    /// (only the subsystem NQN is compared), so it refuses unless told. Not needed for
+    /// the kernel target's default namespaces (a UUID) or EBS volumes (a serial
+    /// number). Command line / env only, on purpose. Default: off.
     #[arg(long, env = "FENCED_ALLOW_UNIDENTIFIED_NAMESPACE")]
     pub allow_unidentified_namespace: bool,
 }

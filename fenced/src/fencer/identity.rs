@@ -4,8 +4,9 @@
 //! Device names move between boots. A controller whose device is another
 //! reservation-capable namespace would find the victim's key absent there and call the
 //! fence confirmed while the victim still writes the shared one. Absence of the key is
-//! evidence only on the right namespace, so the device is identified (Identify: NGUID,
-//! else EUI-64, and the subsystem NQN) at every fence, not only at start.
+//! evidence only on the right namespace, so the device is identified (Identify: UUID,
+//! NGUID, EUI-64 or the controller's serial number, and the subsystem NQN) at every
+//! fence, not only at start.
 
 use std::fmt;
 use std::sync::Arc;
@@ -67,9 +68,21 @@ impl NamespaceCheck {
         if expected.same_namespace(&found) {
             Ok(())
         } else {
-            Err(FenceCause::WrongNamespace { expected, found })
+            Err(FenceCause::WrongNamespace {
+                expected: Box::new(expected),
+                found: Box::new(found),
+            })
         }
     }
+}
+
+/// The EBS volume the namespace is, when it is an EBS volume
+/// ([`NamespaceIdentity::ebs_volume_id`]: Amazon's vendor id, model "Amazon Elastic
+/// Block Store", serial number `vol…`) other than `volume_id` (`vol-…`, as
+/// `--ebs-volume-id` takes it). `None` when it is that volume or not an EBS volume
+/// (the NVMe-oF and test targets the EBS fallback level is also used with).
+pub fn other_ebs_volume(identity: &NamespaceIdentity, volume_id: &str) -> Option<String> {
+    identity.ebs_volume_id().filter(|found| found != volume_id)
 }
 
 #[cfg(test)]
@@ -90,6 +103,7 @@ mod tests {
             nguid: [b; 16],
             eui64: [0; 8],
             subnqn: "nqn.test:s".into(),
+            ..nvme_resv::NamespaceIdentity::default()
         }
     }
 
@@ -105,7 +119,7 @@ mod tests {
         with(Ok(Some(id(2)))).check(id(2)).await.unwrap();
         let e = with(Ok(Some(id(2)))).check(id(1)).await.unwrap_err();
         assert!(
-            matches!(&e, FenceCause::WrongNamespace { expected, found } if *expected == id(2) && *found == id(1)),
+            matches!(&e, FenceCause::WrongNamespace { expected, found } if **expected == id(2) && **found == id(1)),
             "{e:?}"
         );
         let text = e.to_string();
@@ -117,6 +131,32 @@ mod tests {
         assert!(with(Ok(None)).check(id(2)).await.is_err());
         NamespaceCheck::fixed(id(1)).check(id(1)).await.unwrap();
         assert!(NamespaceCheck::fixed(id(1)).check(id(3)).await.is_err());
+    }
+
+    #[test]
+    fn an_ebs_device_must_be_the_configured_volume() {
+        let ebs = |serial: &str, model: &str| NamespaceIdentity {
+            vid: nvme_resv::identity::AMAZON_VID,
+            serial: serial.as_bytes().to_vec(),
+            model: model.as_bytes().to_vec(),
+            nsid: 1,
+            ..NamespaceIdentity::default()
+        };
+        let dev = ebs("vol0123456789abcdef0", "Amazon Elastic Block Store");
+        // EC2 writes the id without its dash in the serial number.
+        assert_eq!(other_ebs_volume(&dev, "vol-0123456789abcdef0"), None);
+        assert_eq!(
+            other_ebs_volume(&dev, "vol-0fedcba9876543210").as_deref(),
+            Some("vol-0123456789abcdef0")
+        );
+        assert_eq!(
+            other_ebs_volume(&dev, "vol0123456789abcdef0").as_deref(),
+            Some("vol-0123456789abcdef0")
+        );
+        // Not an EBS volume (another model, another vendor, an NGUID device): no say.
+        let store = ebs("vol0fedcba9876543210", "Amazon EC2 NVMe Instance Storage");
+        assert_eq!(other_ebs_volume(&store, "vol-0123456789abcdef0"), None);
+        assert_eq!(other_ebs_volume(&id(1), "vol-0123456789abcdef0"), None);
     }
 
     #[tokio::test]

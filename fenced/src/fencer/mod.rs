@@ -34,7 +34,7 @@ pub use crate::fault::fault_hits;
 // The fail-point engine lives in `crate::fault`; these paths stay for its users.
 pub use crate::fault::{FaultEffect, FaultHit, FaultInjected};
 pub(crate) use crate::fault::{fault, fault_scope};
-pub use identity::{NamespaceCheck, NamespaceRecord};
+pub use identity::{NamespaceCheck, NamespaceRecord, other_ebs_volume};
 pub use levels::{FencingLevels, LevelFailure, LevelFailures};
 pub use nvme::{Device, NvmeFencer, PreemptMode, RESERVATION_TYPE, key_registered};
 
@@ -156,10 +156,11 @@ pub enum FenceCause {
         "our device is not the cluster's shared namespace (recorded: {expected}; ours: {found}): not preempting there; check --block-device (use a /dev/disk/by-id path)"
     )]
     WrongNamespace {
-        /// The recorded namespace.
-        expected: nvme_resv::NamespaceIdentity,
+        /// The recorded namespace (boxed: an identity carries serial and model
+        /// numbers, and every fence result carries this error's size).
+        expected: Box<nvme_resv::NamespaceIdentity>,
         /// Our device's.
-        found: nvme_resv::NamespaceIdentity,
+        found: Box<nvme_resv::NamespaceIdentity>,
     },
     /// Identifying our device (to check it is the shared namespace) failed.
     #[error("cannot identify our device to check it is the shared namespace: {source}")]

@@ -693,6 +693,7 @@ mod tests {
             nguid: [b; 16],
             eui64: [0; 8],
             subnqn: "nqn.test:s".into(),
+            ..nvme_resv::NamespaceIdentity::default()
         }
     }
 
@@ -709,7 +710,7 @@ mod tests {
         let e = f.fence(&victim("b")).await.unwrap_err();
         assert_eq!(e.step, FenceStep::Sever);
         assert!(
-            matches!(&e.cause, FenceCause::WrongNamespace { expected, found } if *expected == identity(1) && *found == identity(2)),
+            matches!(&e.cause, FenceCause::WrongNamespace { expected, found } if **expected == identity(1) && **found == identity(2)),
             "{e:?}"
         );
         assert!(
