@@ -146,6 +146,17 @@ pub enum DaemonError {
         #[source]
         source: AgentError,
     },
+    /// etcd refused node `node`'s own keys to the identity this host presented: the
+    /// certificate or user of another node.
+    #[error(
+        "etcd refused node {node}'s own keys to identity {identity:?} (the --etcd-user, else the client certificate's CN): a node's identity may write only its own keys (role fenced-node-{identity}), so it cannot act as node {node}; give this host {node}'s certificate or user, or run it as --node-id {identity}: {source}"
+    )]
+    NotThisNode {
+        node: String,
+        identity: String,
+        #[source]
+        source: AgentError,
+    },
     #[error("{source}")]
     BootId {
         #[source]
@@ -524,6 +535,22 @@ fn check_watchdog(path: &Path) -> Result<(), DaemonError> {
     })
 }
 
+/// `source` as the daemon's error; a refusal of the node's own keys names the identity
+/// presented and the node it tried to act as, when they differ.
+fn agent_error(source: AgentError, node: &fenced::NodeId, etcd: &EtcdSettings) -> DaemonError {
+    if let AgentError::Store(StoreError::Denied { .. }) = &source
+        && let Some(identity) = etcd.security.identity()
+        && identity != node.as_str()
+    {
+        return DaemonError::NotThisNode {
+            node: node.as_str().to_owned(),
+            identity,
+            source,
+        };
+    }
+    DaemonError::Agent { source }
+}
+
 /// Runs the daemon until it leaves (SIGTERM, SIGINT, `fenced leave`) or self-fences.
 ///
 /// Order: everything that can be refused is checked or set up (instance id, watchdog,
@@ -624,7 +651,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     if s.role != Role::Controller {
         match Agent::check_restart(&store, &cfg).await {
             Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
-            Err(source) => return Err(DaemonError::Agent { source }),
+            Err(source) => return Err(agent_error(source, &node, &s.etcd)),
             Ok(_) => {}
         }
     }
@@ -718,7 +745,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
         Err(AgentError::FencedSameBoot(e)) => return Ok(fenced_same_boot(&e)),
         Err(AgentError::KeyRemovedSameBoot(e)) => return Ok(key_removed_same_boot(&e)),
-        r => r.map_err(|source| DaemonError::Agent { source })?,
+        r => r.map_err(|source| agent_error(source, &node, &s.etcd))?,
     };
     // The controller's presence goes with our membership: a dead daemon is never
     // ranked first for a death for longer than its membership outlives it.

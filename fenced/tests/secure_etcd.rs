@@ -441,6 +441,25 @@ async fn per_node_roles_confine_each_node_to_its_own_keys() {
         before,
         "b's attempts changed a key"
     );
+    // A daemon started with b's certificate as another node is refused in one line
+    // naming the identity presented and the node it tried to act as.
+    let (o, _) = run_exits(&ep, "c", &args_of(&sec, "b", &["--role", "agent"]));
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert_eq!(e.lines().count(), 1, "{e}");
+    assert!(
+        e.contains("etcd refused node c's own keys to identity \"b\"")
+            && e.contains("run it as --node-id b"),
+        "{e}"
+    );
+    for debug in ["tonic::", "Status {", "Os {"] {
+        assert!(!e.contains(debug), "{debug} in {e}");
+    }
+    assert_eq!(
+        snapshot(&mut root).await,
+        before,
+        "the refused start changed a key"
+    );
     assert!(a.running(), "a exited: {}", a.log());
     let live = root.get(format!("{ROOT}liveness/a"), None).await.unwrap();
     assert!(

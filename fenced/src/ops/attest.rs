@@ -574,6 +574,7 @@ mod tests {
             nguid: [b; 16],
             eui64: [0; 8],
             subnqn: "nqn.test:s".into(),
+            ..Default::default()
         }
     }
 

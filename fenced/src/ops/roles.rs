@@ -83,10 +83,12 @@ pub async fn etcd_roles(args: RolesArgs) -> Result<ExitCode, OpError> {
         for line in etcdctl_env(&settings) {
             println!("{line}");
         }
-        for step in &steps {
-            println!("{}", step.etcdctl(&keys));
-        }
-    } else {
+    }
+    // With --apply too: the record of what is applied.
+    for step in &steps {
+        println!("{}", step.etcdctl(&keys));
+    }
+    if args.apply {
         let store = super::connect(&args.etcd).await?;
         apply_roles(&store.client(), &keys, &steps)
             .await
