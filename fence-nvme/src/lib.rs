@@ -8,7 +8,8 @@
 //! `metadata`, `validate-all`, `list`; exit status 0 success, 1 failure, and for
 //! `status` 2 when the node is off. [`agent`] holds the actions over any
 //! [`nvme_resv::Reservations`], [`metadata`] the XML, [`state`] the record `on` leaves
-//! for `off` and for the watchdog companion `fence_nvme_check`.
+//! for `off` and for the watchdog companions `fence_nvme_check` and
+//! `fence_nvme_check_hardreboot` ([`watchdog`]).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod error;
 pub mod metadata;
 pub mod options;
 pub mod state;
+pub mod watchdog;
 
 use std::io::Read;
 use std::sync::Arc;
