@@ -24,11 +24,24 @@ fn agent(args: &[&str], stdin: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-fn check(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_fence_nvme_check"))
+/// The watchdog companions. Only outcomes other than 2 are ever produced here (no
+/// state, unreadable devices, usage): the hard-reboot variant reboots on a 2, and this
+/// runs on the build machine. The 2 and the reboot are tested in `watchdog`'s unit
+/// tests (injected reboot) and in the guest (a real one).
+fn check_bin(bin: &str, args: &[&str]) -> Output {
+    Command::new(bin)
         .args(args)
         .output()
-        .expect("spawn fence_nvme_check")
+        .unwrap_or_else(|e| panic!("spawn {bin}: {e}"))
+}
+
+const CHECKS: [&str; 2] = [
+    env!("CARGO_BIN_EXE_fence_nvme_check"),
+    env!("CARGO_BIN_EXE_fence_nvme_check_hardreboot"),
+];
+
+fn check(args: &[&str]) -> Output {
+    check_bin(CHECKS[0], args)
 }
 
 fn text(b: &[u8]) -> String {
@@ -85,19 +98,31 @@ fn exit_statuses() {
 
 #[test]
 fn watchdog_check_statuses() {
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
-    let s = state.to_str().unwrap();
-    // Not unfenced: nothing to guard.
-    assert_eq!(check(&["test", "--state-file", s]).status.code(), Some(0));
-    // A recorded device that cannot be read: 1.
-    std::fs::write(&state, "key=0x1234\ndevice=/nonexistent/nvme9n9\n").unwrap();
-    let o = check(&["test", "--state-file", s]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(text(&o.stderr).contains("/nonexistent/nvme9n9"));
-    // watchdog's repair call: nothing to repair, the error stands.
-    assert_eq!(check(&["repair", "2"]).status.code(), Some(2));
-    assert_eq!(check(&["--bogus"]).status.code(), Some(1));
+    for bin in CHECKS {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let s = state.to_str().unwrap();
+        // Not unfenced: nothing to guard.
+        let o = check_bin(bin, &["test", "--state-file", s]);
+        assert_eq!(o.status.code(), Some(0), "{bin}");
+        // A recorded device that cannot be read: 1 (not a reboot: the key is not known
+        // to be gone).
+        std::fs::write(&state, "key=0x1234\ndevice=/nonexistent/nvme9n9\n").unwrap();
+        let o = check_bin(bin, &["test", "--state-file", s]);
+        assert_eq!(o.status.code(), Some(1), "{bin}");
+        assert!(text(&o.stderr).contains("/nonexistent/nvme9n9"), "{bin}");
+        assert!(!text(&o.stderr).contains("rebooting"), "{bin}");
+        // watchdog's repair call: nothing to repair, the error stands.
+        assert_eq!(
+            check_bin(bin, &["repair", "2"]).status.code(),
+            Some(2),
+            "{bin}"
+        );
+        let o = check_bin(bin, &["--bogus"]);
+        assert_eq!(o.status.code(), Some(1), "{bin}");
+        assert!(text(&o.stderr).contains("usage:"), "{bin}");
+    }
+    assert!(text(&check(&["--bogus"]).stderr).starts_with("fence_nvme_check: "));
 }
 
 /// fence-agents' `xml-check` filter (`AWK_VAL` in their make/agentpycheck.mk): the line
