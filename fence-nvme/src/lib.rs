@@ -8,7 +8,8 @@
 //! `metadata`, `validate-all`, `list`; exit status 0 success, 1 failure, and for
 //! `status` 2 when the node is off. [`agent`] holds the actions over any
 //! [`nvme_resv::Reservations`], [`metadata`] the XML, [`state`] the record `on` leaves
-//! for `off` and for the watchdog companion `fence_nvme_check`.
+//! for `off` and for the watchdog companions `fence_nvme_check` and
+//! `fence_nvme_check_hardreboot` ([`watchdog`]).
 #![deny(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod error;
 pub mod metadata;
 pub mod options;
 pub mod state;
+pub mod watchdog;
 
 use std::io::Read;
 use std::sync::Arc;
@@ -79,7 +81,26 @@ pub fn main_with(
         out.stdout.push(metadata::xml(name));
         return out;
     }
-    let settings = match Settings::from_input(&input) {
+    // fence-agents' run_delay: an `off` (or `reboot`) waits its `delay` first, before
+    // any check of the other parameters can end it, so no fence from this node starts
+    // sooner than configured and upstream's delay check (`delay=10` followed by
+    // parameters that are then refused) holds. Nothing is skipped: every check below
+    // still runs, after the wait. Other actions are not delayed (status, monitor and
+    // unfencing must answer at once).
+    if input
+        .get("action")
+        .map_or(Some(Action::Off), Action::parse)
+        .is_some_and(|a| matches!(a, Action::Off | Action::Reboot))
+    {
+        if let Some(d) = options::delay_of(&input).filter(|d| !d.is_zero()) {
+            out.stderr.push(format!(
+                "fence_nvme: waiting {} s (delay) before the fence",
+                d.as_secs()
+            ));
+            std::thread::sleep(d);
+        }
+    }
+    let mut settings = match Settings::from_input(&input) {
         Ok(s) => s,
         Err(e) => {
             out.code = 1;
@@ -87,6 +108,8 @@ pub fn main_with(
             return out;
         }
     };
+    // Served above, before the checks.
+    settings.delay = std::time::Duration::ZERO;
     if settings.action == Action::ValidateAll {
         return out;
     }
@@ -141,7 +164,18 @@ mod tests {
         // Unknown action, missing devices, unknown flag: 1.
         assert_eq!(run(&[], "action=explode\ndevices=/dev/x\n").code, 1);
         assert_eq!(run(&[], "action=off\nplug=n1\n").code, 1);
-        assert_eq!(run(&["--bogus"], "").code, 1);
+        // An unknown flag is warned about and ignored; the missing devices fail.
+        let o = run(&["--bogus", "-o", "validate-all"], "");
+        assert_eq!(o.code, 1, "{o}");
+        assert!(
+            o.stderr[0].contains("ignoring unknown option \"--bogus\""),
+            "{o}"
+        );
+        assert!(o.stderr[1].contains("devices is required"), "{o}");
+        assert_eq!(
+            run(&["--bogus", "-o", "validate-all", "-d", "/dev/x"], "").code,
+            0
+        );
         // A device path that does not exist: 1 for off (after the own-key check), and
         // status is an error (1), never "off" (2).
         let dir = tempfile::tempdir().unwrap();

@@ -253,6 +253,15 @@ fn param_by_name(name: &str) -> Option<&'static Param> {
         .find(|p| p.name == norm || p.long.replace('-', "_") == norm)
 }
 
+/// The `delay` parameter when it is a valid number of seconds (an invalid one is
+/// reported by [`Settings::from_input`]).
+pub fn delay_of(input: &Input) -> Option<Duration> {
+    match input.get("delay").map(str::trim) {
+        None | Some("") => Some(Duration::ZERO),
+        Some(v) => v.parse::<u64>().ok().map(Duration::from_secs),
+    }
+}
+
 /// The key of node `name`: [`nvme_resv::NodeId::key`], so the name must pass the rule
 /// `fenced` applies to node ids (1 to 63 characters from `[A-Za-z0-9._-]`, starting
 /// with a letter or digit) and a node has the same key under both tools.
@@ -333,73 +342,104 @@ impl Input {
         Ok(input)
     }
 
-    /// Parses command-line arguments (without the program name): `-o off`, `-ooff`,
-    /// `--action off`, `--action=off`; booleans take no value.
+    /// Parses command-line arguments (without the program name), as fence-agents'
+    /// `getopt` calls accept them: `-o off`, `-ooff`, `--action off`, `--action=off`
+    /// (a name may be spelled with `-` or `_`, `--port` is `--plug`); booleans take no
+    /// value and stack (`-vq`). Unknown options and stray words are warned about and
+    /// ignored, never fatal (medik8s' Fence Agents Remediation passes `--ip=`,
+    /// `--username=` and the like to every agent): an unknown `--name=value` is one
+    /// warning, an unknown `--name value` two (the value is a stray word then). `--`
+    /// ends the options. Only a known option without its value is an error.
     pub fn from_args<S: AsRef<str>>(args: &[S]) -> Result<Self, Error> {
         let mut input = Self::default();
         let mut i = 0;
+        let mut options_ended = false;
         while i < args.len() {
             let arg = args[i].as_ref();
             i += 1;
-            let (p, inline) = if let Some(long) = arg.strip_prefix("--") {
+            if options_ended || arg == "-" || !arg.starts_with('-') {
+                input
+                    .warnings
+                    .push(format!("ignoring unused argument {arg:?}"));
+                continue;
+            }
+            if arg == "--" {
+                options_ended = true;
+                continue;
+            }
+            // (parameter, value given in the same word)
+            let mut found: Vec<(&'static Param, Option<String>)> = Vec::new();
+            if let Some(long) = arg.strip_prefix("--") {
                 let (name, inline) = match long.split_once('=') {
                     Some((n, v)) => (n, Some(v.to_owned())),
                     None => (long, None),
                 };
-                let p = PARAMS
-                    .iter()
-                    .find(|p| p.long == name && p.deprecated_for.is_none())
-                    .ok_or_else(|| Error::UnknownFlag {
-                        flag: arg.to_owned(),
-                    })?;
-                (p, inline)
-            } else if let Some(short) = arg.strip_prefix('-').filter(|s| !s.is_empty()) {
-                let mut chars = short.chars();
-                let c = chars.next().unwrap_or('-');
-                let p = PARAMS
-                    .iter()
-                    .find(|p| p.short == Some(c) && p.deprecated_for.is_none())
-                    .ok_or_else(|| Error::UnknownFlag {
-                        flag: arg.to_owned(),
-                    })?;
-                let rest: String = chars.collect();
-                if p.kind == Kind::Boolean && !rest.is_empty() {
-                    // Stacked flags such as -vq.
-                    input.set(p, "1".to_owned());
-                    let mut expanded = vec![format!("-{rest}")];
-                    expanded.extend(args[i..].iter().map(|a| a.as_ref().to_owned()));
-                    let more = Self::from_args(&expanded)?;
-                    input.values.extend(more.values);
-                    return Ok(input);
+                match param_by_flag_name(name) {
+                    Some(p) => found.push((p, inline)),
+                    None => {
+                        input
+                            .warnings
+                            .push(format!("ignoring unknown option {arg:?}"));
+                        continue;
+                    }
                 }
-                (p, (!rest.is_empty()).then_some(rest))
             } else {
-                return Err(Error::UnknownFlag {
-                    flag: arg.to_owned(),
-                });
-            };
-            if p.kind == Kind::Boolean {
-                let v = match inline {
-                    Some(v) => bool_value(p.name, &v)?,
-                    None => "1",
-                };
-                input.set(p, v.to_owned());
-                continue;
-            }
-            let value = match inline {
-                Some(v) => v,
-                None => {
-                    let v = args.get(i).ok_or_else(|| Error::MissingValue {
-                        flag: arg.to_owned(),
-                    })?;
-                    i += 1;
-                    v.as_ref().to_owned()
+                // -o off, -ooff, -vq, -vo off: booleans stack; the first letter that
+                // takes a value takes the rest of the word, or the next argument.
+                let mut rest = &arg[1..];
+                while let Some(c) = rest.chars().next() {
+                    rest = &rest[c.len_utf8()..];
+                    let Some(p) = PARAMS
+                        .iter()
+                        .find(|p| p.short == Some(c) && p.deprecated_for.is_none())
+                    else {
+                        input
+                            .warnings
+                            .push(format!("ignoring unknown option -{c} (in {arg:?})"));
+                        continue;
+                    };
+                    if p.kind == Kind::Boolean {
+                        found.push((p, None));
+                    } else {
+                        found.push((p, (!rest.is_empty()).then(|| rest.to_owned())));
+                        break;
+                    }
                 }
-            };
-            input.set(p, value);
+            }
+            for (p, inline) in found {
+                if p.kind == Kind::Boolean {
+                    let v = match inline {
+                        Some(v) => bool_value(p.name, &v)?,
+                        None => "1",
+                    };
+                    input.set(p, v.to_owned());
+                    continue;
+                }
+                let value = match inline {
+                    Some(v) => v,
+                    None => {
+                        let v = args.get(i).ok_or_else(|| Error::MissingValue {
+                            flag: arg.to_owned(),
+                        })?;
+                        i += 1;
+                        v.as_ref().to_owned()
+                    }
+                };
+                input.set(p, value);
+            }
         }
         Ok(input)
     }
+}
+
+/// Looks a parameter up by a long option's name: its `--flag` name or its parameter
+/// name, `-` and `_` alike (`--power-timeout`, `--power_timeout`, `--port`).
+fn param_by_flag_name(name: &str) -> Option<&'static Param> {
+    let norm = name.replace('_', "-");
+    PARAMS
+        .iter()
+        .find(|p| p.long == norm && p.deprecated_for.is_none())
+        .or_else(|| PARAMS.iter().find(|p| p.name.replace('_', "-") == norm))
 }
 
 fn bool_value(param: &'static str, value: &str) -> Result<&'static str, Error> {
@@ -552,7 +592,10 @@ impl Settings {
                     .filter(|s| !s.is_empty())
                     .unwrap_or(DEFAULT_STATE_FILE),
             ),
-            delay: seconds("delay", 0)?,
+            delay: delay_of(input).ok_or_else(|| Error::BadSeconds {
+                param: "delay",
+                value: input.get("delay").unwrap_or_default().to_owned(),
+            })?,
             power_timeout: seconds("power_timeout", 20)?,
             quiet: input.flag("quiet"),
             verbose: input.flag("verbose"),
@@ -669,19 +712,97 @@ mod tests {
     }
 
     #[test]
-    fn bad_flags_are_errors_not_ignored() {
-        assert!(matches!(
-            Input::from_args(&["--devics=/dev/x"]),
-            Err(Error::UnknownFlag { flag }) if flag == "--devics=/dev/x"
-        ));
+    fn unknown_flags_and_stray_words_warn_and_are_ignored() {
+        // What medik8s' Fence Agents Remediation passes every agent, beside ours.
+        let i = Input::from_args(&[
+            "--ip=192.0.2.1",
+            "--username",
+            "admin",
+            "--action=off",
+            "--plug=node2",
+            "--devics=/dev/x",
+            "-a",
+            "-x9",
+            "--",
+            "-o",
+            "on",
+        ])
+        .unwrap();
+        assert_eq!(i.get("action"), Some("off"));
+        assert_eq!(i.get("plug"), Some("node2"));
+        assert_eq!(i.get("devices"), None);
+        assert_eq!(
+            i.warnings,
+            [
+                "ignoring unknown option \"--ip=192.0.2.1\"",
+                "ignoring unknown option \"--username\"",
+                "ignoring unused argument \"admin\"",
+                "ignoring unknown option \"--devics=/dev/x\"",
+                "ignoring unknown option -a (in \"-a\")",
+                "ignoring unknown option -x (in \"-x9\")",
+                "ignoring unknown option -9 (in \"-x9\")",
+                "ignoring unused argument \"-o\"",
+                "ignoring unused argument \"on\"",
+            ]
+        );
+        // A misspelt required parameter still fails, on the parameter.
+        let e = Settings::from_input(&i).unwrap_err();
+        assert!(
+            crate::error::chain(&e).contains("devices is required"),
+            "{e}"
+        );
+        // Only a known option without its value is an error.
         assert!(matches!(
             Input::from_args(&["-o"]),
             Err(Error::MissingValue { flag }) if flag == "-o"
         ));
         assert!(matches!(
+            Input::from_args(&["--devices"]),
+            Err(Error::MissingValue { flag }) if flag == "--devices"
+        ));
+        assert!(matches!(
             Input::from_stdin_text("verbose=maybe\n"),
             Err(Error::NotBoolean { .. })
         ));
+    }
+
+    #[test]
+    fn long_options_by_flag_or_parameter_name() {
+        let i = Input::from_args(&[
+            "--port=n2",
+            "--power_timeout=9",
+            "--reservation-type",
+            "exclusive-access-all-registrants",
+            "--state_file=/tmp/s",
+            "--verbose=yes",
+            "--quiet=0",
+            "--devices=/dev/a,/dev/b",
+        ])
+        .unwrap();
+        assert!(i.warnings.is_empty(), "{:?}", i.warnings);
+        let s = Settings::from_input(&i).unwrap();
+        assert_eq!(s.target.unwrap().name.as_deref(), Some("n2"));
+        assert_eq!(s.power_timeout, Duration::from_secs(9));
+        assert_eq!(s.rtype, ReservationType::EXCLUSIVE_ACCESS_ALL_REGISTRANTS);
+        assert_eq!(s.state_file, PathBuf::from("/tmp/s"));
+        assert!(s.verbose && !s.quiet);
+    }
+
+    #[test]
+    fn short_options_stack_until_one_takes_a_value() {
+        let i = Input::from_args(&["-vqoreboot", "-nnode2", "-k", "beef", "-d/dev/a"]).unwrap();
+        assert!(i.warnings.is_empty(), "{:?}", i.warnings);
+        let s = Settings::from_input(&i).unwrap();
+        assert_eq!(s.action, Action::Reboot);
+        assert!(s.verbose && s.quiet);
+        assert_eq!(
+            s.target,
+            Some(Target {
+                name: Some("node2".into()),
+                key: Key(0xbeef)
+            })
+        );
+        assert_eq!(s.devices, [PathBuf::from("/dev/a")]);
     }
 
     #[test]

@@ -20,6 +20,13 @@
 #      it on both namespaces (every host still registered, nvme-cli reports rtype 0, C
 #      writes); `off` of nc acquires the reservation before the preempt and C's next
 #      O_DIRECT write fails EBADE (before the fix: "Success" while C kept writing)
+#   7. the action/exit-code table (../data/actions.tsv, after fence-agents' actions.d),
+#      on namespaces nobody is registered on any more
+#   8. the watchdog companions: fence_nvme_check on C (fenced in 2 and 6) exits 2;
+#      fence_nvme_check_hardreboot exits 0 on a registered node and 1 on an unreadable
+#      device without rebooting, then on C reboots the guest at once (run with
+#      --expect-restart: the harness passes on the kernel's restart after the
+#      HWTEST-GUEST-EXPECT-RESTART line, and this script's last line is never reached)
 set -u
 t() { cut -d' ' -f1 /proc/uptime; }
 say() { echo "fence-nvme[$(t)s]: $*"; }
@@ -175,4 +182,39 @@ done
 agent B status nc
 expect_rc 2 "status nc after the fence with the reservation released"
 say "final reports: $A1: $(keys_on $A1); $A3: $(keys_on $A3)"
-say "PASS"
+
+say "--- 7. the action table"
+# B (nb, unfenced again in 6) and A (na) are the last registrants: unregistered, the
+# namespaces have no registrant and no reservation left.
+for d in $B1 $B3; do
+  nvme-resv register "$d" --rrega unregister --crkey "$(key_of nb)" >/dev/null || fail "unregister nb from $d"
+done
+for d in $A1 $A3; do
+  nvme-resv register "$d" --rrega unregister --crkey "$(key_of na)" >/dev/null || fail "unregister na from $d"
+  [ -z "$(keys_on "$d" | tr -d ' ')" ] || fail "$d still has registrants: $(keys_on "$d")"
+done
+export A1 A3 B1 B3 C1 C3
+sh /usr/local/share/fence-nvme/actions.sh /usr/local/share/fence-nvme/actions.tsv || fail "the action table"
+
+say "--- 8. the watchdog companions"
+# C's record (/tmp/state.C: key nc on C1, C3) from step 1; C was fenced in step 2, and
+# again in step 6, and not registered since.
+has_key "$A1" nc && fail "nc registered again"
+fence_nvme_check test --state-file /tmp/state.C 2>/tmp/check; crc=$?
+sed 's/^/    [check C] /' /tmp/check
+[ $crc = 2 ] || fail "fence_nvme_check on fenced C: exit $crc, expected 2"
+# B is registered (tb, the table's last unfencing): the hard-reboot variant returns 0.
+fence_nvme_check_hardreboot test --state-file /tmp/actions-state.B 2>/tmp/check; crc=$?
+[ $crc = 0 ] || fail "fence_nvme_check_hardreboot on registered B: exit $crc: $(cat /tmp/check)"
+# A device that cannot be checked (no reservations): 1, and no reboot.
+printf 'key=%s\ndevice=%s\n' "$(key_of nc)" "$NORESV" >/tmp/state.noresv
+fence_nvme_check_hardreboot test --state-file /tmp/state.noresv 2>/tmp/check; crc=$?
+[ $crc = 1 ] || fail "fence_nvme_check_hardreboot on an unreadable device: exit $crc: $(cat /tmp/check)"
+fence_nvme_check_hardreboot repair 2; crc=$?
+[ $crc = 2 ] || fail "fence_nvme_check_hardreboot repair 2: exit $crc"
+say "hardreboot variant: 0 on registered B, 1 on an unreadable device, repair 2 -> 2; the guest is still up"
+say "PASS up to the reboot; fence_nvme_check_hardreboot on fenced C must now restart the guest"
+echo HWTEST-GUEST-EXPECT-RESTART
+sleep 1
+fence_nvme_check_hardreboot test --state-file /tmp/state.C; crc=$?
+fail "fence_nvme_check_hardreboot on fenced C returned (exit $crc) instead of rebooting"
