@@ -179,7 +179,10 @@ async fn tls_misconfiguration_is_one_line_naming_the_file() {
         &wrong.endpoint(),
         &sec.security("ops"),
         limit,
-        &["TLS handshake failed", "NotValidForName"],
+        &[
+            "TLS handshake failed",
+            "certificate not valid for name \"127.0.0.1\"",
+        ],
     );
 
     // `fenced run` waits for an unreachable etcd forever, but not for one that
