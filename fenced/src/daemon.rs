@@ -213,6 +213,9 @@ async fn check_etcd_space(store: &EtcdStore) -> Result<(), DaemonError> {
             for f in findings {
                 tracing::warn!(step = "etcd_space", "{}", f.text);
             }
+            if let Some(w) = fenced::store::lease_revocation_warning(&r.version) {
+                tracing::warn!(step = "etcd_version", "{w}");
+            }
         }
         Err(e) => {
             tracing::warn!(step = "etcd_space", error = %e, "cannot check etcd's history and space (README: etcd compaction and quota)");

@@ -54,6 +54,7 @@ pub use presence::apply_controller_event;
 pub use security::{EtcdSecurity, SecurityError};
 pub use space::{
     Alarm, HISTORY_WARNING_REVISIONS, SpaceFinding, SpaceLevel, SpaceReport, judge_space,
+    lease_revocation_warning,
 };
 pub use view::{
     AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,

@@ -51,6 +51,40 @@ pub struct SpaceReport {
     pub db_size_in_use: i64,
     /// The member's `--quota-backend-bytes` (0 when not reported, etcd before 3.6).
     pub db_size_quota: i64,
+    /// The answering member's etcd version (`3.4.23`; empty when not reported).
+    pub version: String,
+}
+
+/// When etcd `version` lacks the fix for a stalled leader revoking live leases
+/// (etcd-io/etcd#15247, fixed by PR #16822 in 3.4.31 and 3.5.13), the warning to give;
+/// `None` for a fixed or unknown version. Without the fix a leader that stalls longer
+/// than a lease TTL and resumes can revoke every lease it saw no renewal for: healthy
+/// nodes drop out, self-fence and are fenced (safe, but an outage; README: etcd
+/// versions).
+pub fn lease_revocation_warning(version: &str) -> Option<String> {
+    let mut parts = version.trim().split('.').map(|p| {
+        p.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+            .ok()
+    });
+    let (Some(Some(major)), Some(Some(minor)), Some(Some(patch))) =
+        (parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let fixed = match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m >= 6,
+        (m, _) => m > 3,
+    };
+    (!fixed).then(|| {
+        format!(
+            "etcd {version} lacks the fix for a stalled leader revoking live leases (etcd-io/etcd#15247, in 3.4.31 and 3.5.13): a leader that stalls longer than the lease TTL can drop healthy nodes, which then self-fence and are fenced; upgrade etcd (README: etcd versions)"
+        )
+    })
 }
 
 /// An etcd alarm.
@@ -198,6 +232,7 @@ impl EtcdStore {
             db_size: status.db_size(),
             db_size_in_use: status.raft_used_db_size(),
             db_size_quota: status.db_size_quota(),
+            version: status.version().to_owned(),
         })
     }
 }
@@ -214,6 +249,30 @@ mod tests {
             db_size: 300 << 20,
             db_size_in_use: 200 << 20,
             db_size_quota: 0,
+            version: "3.5.16".into(),
+        }
+    }
+
+    #[test]
+    fn versions_without_the_lease_revocation_fix_are_named() {
+        for old in ["3.4.23", "3.4.30", "3.5.0", "3.5.12", "3.3.27", "2.3.8"] {
+            let w = lease_revocation_warning(old).unwrap_or_else(|| panic!("{old}"));
+            assert!(w.starts_with(&format!("etcd {old} lacks the fix")), "{w}");
+        }
+        for fixed in [
+            "3.4.31",
+            "3.4.35",
+            "3.5.13",
+            "3.5.16",
+            "3.6.0",
+            "4.0.0",
+            "3.5.13-rc1",
+        ] {
+            assert_eq!(lease_revocation_warning(fixed), None, "{fixed}");
+        }
+        // Not reported, or not a version: no claim either way.
+        for unknown in ["", "3.5", "x.y.z", "3..1"] {
+            assert_eq!(lease_revocation_warning(unknown), None, "{unknown:?}");
         }
     }
 
