@@ -152,8 +152,8 @@ attest_other() {
   grep -q "not the cluster's shared namespace" /tmp/attest.out
 }
 until_ 60 "attest on nsid 3 to be refused for the namespace" attest_other
-grep "not the cluster's shared namespace" /tmp/attest.out | grep -q "$N1" || die "the attest refusal does not name the recorded NGUID $N1"
-grep "not the cluster's shared namespace" /tmp/attest.out | grep -q "$N3" || die "the attest refusal does not name nsid 3's NGUID $N3"
+grep "not the cluster's shared namespace" /tmp/attest.out | grep -q "UUID $U1" || die "the attest refusal does not name the recorded UUID $U1"
+grep "not the cluster's shared namespace" /tmp/attest.out | grep -q "UUID $U3" || die "the attest refusal does not name nsid 3's UUID $U3"
 [ "$(gen_of n2)" = 0 ] || die "n2 was bumped by the attest on nsid 3 (generation $(gen_of n2))"
 nvme-resv report "$A" | grep -q "${K2#0x}" || die "n2's key left nsid 1"
 say "PASS: attest --block-device $C3 refused, both identities named; n2 owed at generation 0 (etcd revision $REV0 before)"
