@@ -3,7 +3,8 @@
 //! The controller's fence of one node is a [`FenceRun`]: the driver (see
 //! `controller.rs`) performs each [`FenceAction`] against etcd or a Fencer and feeds
 //! the outcome back. Which nodes a sweep owes a fence is [`plan_sweep`]; whether a
-//! departure marker is honoured is [`honour_departure`]; the agent's self-fencing
+//! departure marker is honoured is [`honour_departure`]; how a refused claim ranks its
+//! reasons is [`claim_outcome`]; the agent's self-fencing
 //! clock is [`Watchdog`] (fed by [`lease_reading`]); whether a stalled controller may
 //! still sever is [`check_claim_age`]; the agent's device checks are [`check_device`].
 //! What `fenced attest` refuses, and when it fences, is [`attest::judge`]. Which
@@ -139,6 +140,7 @@ pub struct Confirmation {
 
 mod agent;
 pub mod attest;
+mod claim;
 mod duty;
 mod fence;
 mod sweep;
@@ -146,6 +148,7 @@ mod sweep;
 mod tests;
 
 pub use agent::*;
+pub use claim::*;
 pub use duty::*;
 pub use fence::*;
 pub use sweep::*;
