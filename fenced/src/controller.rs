@@ -11,7 +11,6 @@
 //! runs the full sweep each period and stamps it; the next in order takes over when
 //! the stamps stop. The claim transaction still decides who fences.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -23,8 +22,9 @@ use tokio::task::JoinSet;
 use crate::clock::unix_ms;
 use crate::core::{
     ClaimOutcome, Confirmation, FenceAction, FenceDuty, FenceFailure, FenceRun, FenceState,
-    FenceStep, Roster, StepFailure, SweepClock, SweepDuty, Trigger, Victim, check_claim_age,
-    fence_duty, plan_sweep, standby_verdict,
+    FenceStep, OperatorWaits, Roster, StepFailure, SweepClock, SweepDuty, Trigger, Victim,
+    check_claim_age, fence_duty, instance_or_unknown, is_own_node, plan_sweep, retry_claim,
+    standby_verdict,
 };
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::metrics::Observer;
@@ -136,11 +136,9 @@ pub struct Controller<S: FenceStore = EtcdStore> {
     sweep_now: Notify,
     /// The live controllers, as the presence watch shows them.
     roster: std::sync::Mutex<Roster>,
-    /// Fences only an operator can complete ([`FenceCause::needs_operator`]): node ->
-    /// the instance id it was attempted with. The sweep leaves these owed without
-    /// trying again until the node's record changes, it is no longer owed, or the
-    /// daemon restarts (one attempt, one audit record, one error line each).
-    needs_operator: std::sync::Mutex<BTreeMap<NodeId, String>>,
+    /// Fences only an operator can complete: the sweep leaves them owed without trying
+    /// again ([`OperatorWaits`] says until when).
+    needs_operator: std::sync::Mutex<OperatorWaits>,
 }
 
 /// A transaction whose answer a fail point lost: it committed, the caller sees a
@@ -217,7 +215,7 @@ pub struct SweepReport {
 impl<S: FenceStore> Controller<S> {
     /// A controller fencing with `fencer`.
     pub fn new(store: S, fencer: Arc<dyn Fencer>, cfg: ControllerConfig) -> Arc<Self> {
-        if fencer.name() == "none" {
+        if !fencer.severs() {
             tracing::warn!(
                 controller = %cfg.id,
                 "SINGLE-SIGNAL FENCING: no fencer configured; generations are bumped on lease \
@@ -232,7 +230,7 @@ impl<S: FenceStore> Controller<S> {
             stats: ControllerStats::default(),
             sweep_now: Notify::new(),
             roster: std::sync::Mutex::new(Roster::default()),
-            needs_operator: std::sync::Mutex::new(BTreeMap::new()),
+            needs_operator: std::sync::Mutex::default(),
         })
     }
 
@@ -547,7 +545,7 @@ impl Controller<EtcdStore> {
                     let Some(node) = keys.node_of(&keys.membership_prefix(), kv.key()) else {
                         continue;
                     };
-                    if self.cfg.own_node.as_ref() == Some(&node) {
+                    if is_own_node(self.cfg.own_node.as_ref(), &node) {
                         if self.cfg.is_leaving() {
                             tracing::info!(step = "watch_delete", node = %node, "our own membership is gone: left");
                         } else {
@@ -555,8 +553,8 @@ impl Controller<EtcdStore> {
                         }
                         continue;
                     }
-                    // Anyone with write access to etcd may have put anything there:
-                    // an id outside the rule is fenced as "instance unknown".
+                    // An id outside the rule is fenced as "instance unknown"
+                    // (`instance_or_unknown`; `from_etcd` also decodes the bytes).
                     let instance = match ev.prev_kv().map(|p| crate::instance::from_etcd(p.value()))
                     {
                         Some(Ok(i)) => i,
@@ -688,13 +686,16 @@ impl<S: FenceStore> Controller<S> {
         }
         let mut set = JoinSet::new();
         self.lock_needs_operator()
-            .retain(|node, _| plan.fence.iter().any(|o| o.victim.node == *node));
+            .keep_owed(|node| plan.fence.iter().any(|o| o.victim.node == *node));
         for owed in plan.fence {
-            if self.cfg.own_node.as_ref() == Some(&owed.victim.node) {
+            if is_own_node(self.cfg.own_node.as_ref(), &owed.victim.node) {
                 continue;
             }
             let instance = checked_instance(owed.victim.clone()).instance;
-            if self.lock_needs_operator().get(&owed.victim.node) == Some(&instance) {
+            if self
+                .lock_needs_operator()
+                .waits(&owed.victim.node, &instance)
+            {
                 tracing::debug!(step = "sweep", node = %owed.victim.node, "fence owed, waiting for an operator (not retried)");
                 report.not_completed += 1;
                 continue;
@@ -724,7 +725,7 @@ impl<S: FenceStore> Controller<S> {
         Ok(report)
     }
 
-    fn lock_needs_operator(&self) -> std::sync::MutexGuard<'_, BTreeMap<NodeId, String>> {
+    fn lock_needs_operator(&self) -> std::sync::MutexGuard<'_, OperatorWaits> {
         self.needs_operator
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -743,7 +744,7 @@ impl<S: FenceStore> Controller<S> {
                 r = r.and_then(|_| Err(answer_lost("claim")));
             }
             match r {
-                Err(e) if e.is_retryable() && attempt < 4 => {
+                Err(e) if retry_claim(attempt, e.is_retryable()) => {
                     tracing::warn!(step = "claim", node = %victim.node, error = %e, "claim failed, retrying");
                     tokio::time::sleep(delay).await;
                     delay *= 2;
@@ -781,7 +782,7 @@ impl<S: FenceStore> Controller<S> {
             if e.cause.needs_operator() {
                 tracing::error!(step = "sever", node = %victim.node, error = %e.cause, "this fence needs an operator: it stays owed and this controller does not retry it until the node's record changes (see the error for what to do; `fenced check` turns CRITICAL while it is owed)");
                 self.lock_needs_operator()
-                    .insert(victim.node.clone(), victim.instance.clone());
+                    .record(victim.node.clone(), victim.instance.clone());
             }
             failed(
                 e.step,
@@ -872,20 +873,9 @@ impl<S: FenceStore> Controller<S> {
                     run.on_claim(claimed.map_err(as_failure), Instant::now())
                 }
                 FenceAction::ClaimIgnoringDeparture => {
-                    let deleted_rev = match guard {
-                        ClaimGuard::Watch { deleted_rev }
-                        | ClaimGuard::IgnoreDeparture { deleted_rev } => deleted_rev,
-                        // The core asks only on the watch path; a sweep's guard carries
-                        // no DELETE to anchor the fence-mark guard to.
-                        ClaimGuard::Sweep(_) => i64::MAX,
-                    };
                     tracing::info!(step = "claim", node = %victim.node, "departure marker not honoured: the node still owns arenas, claiming with the marker ignored");
                     let claimed = self
-                        .claim_with_retry(
-                            &victim,
-                            ClaimGuard::IgnoreDeparture { deleted_rev },
-                            false,
-                        )
+                        .claim_with_retry(&victim, guard.ignoring_departure(), false)
                         .await;
                     run.on_claim(claimed.map_err(as_failure), Instant::now())
                 }
@@ -1005,17 +995,14 @@ impl<S: FenceStore> Controller<S> {
     }
 }
 
-/// A victim's instance id came from etcd (a membership value, an intent, `instance/`),
-/// where anyone with write access may have put anything: one outside the rule
-/// ([`crate::instance`]) is fenced as "instance unknown" and never reaches a fencer,
-/// an audit record or a log line raw.
+/// A victim's instance id came from etcd: one outside the rule is fenced as
+/// "instance unknown" ([`instance_or_unknown`]), logged here.
 fn checked_instance(mut victim: Victim) -> Victim {
-    if !victim.instance.is_empty() {
-        if let Err(e) = crate::instance::check_instance_id(&victim.instance) {
-            tracing::warn!(node = %victim.node, error = %e, "instance id read from etcd refused: fencing with the instance unknown");
-            victim.instance.clear();
-        }
+    let (instance, refused) = instance_or_unknown(std::mem::take(&mut victim.instance));
+    if let Some(e) = refused {
+        tracing::warn!(node = %victim.node, error = %e, "instance id read from etcd refused: fencing with the instance unknown");
     }
+    victim.instance = instance;
     victim
 }
 

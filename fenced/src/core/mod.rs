@@ -9,7 +9,10 @@
 //! still sever is [`check_claim_age`]; the agent's device checks are [`check_device`].
 //! What `fenced attest` refuses, and when it fences, is [`attest::judge`]. Which
 //! controller claims a death first and which sweeps the period is [`fence_duty`] and
-//! [`SweepClock`], over the [`Roster`] of live controllers.
+//! [`SweepClock`], over the [`Roster`] of live controllers. The controller's small
+//! rules (its own node, a refused instance id, claim retries, fences waiting for an
+//! operator) are [`is_own_node`], [`instance_or_unknown`], [`retry_claim`] and
+//! [`OperatorWaits`].
 
 use std::fmt;
 
@@ -141,6 +144,7 @@ pub struct Confirmation {
 mod agent;
 pub mod attest;
 mod claim;
+mod controller;
 mod duty;
 mod fence;
 mod sweep;
@@ -149,6 +153,7 @@ mod tests;
 
 pub use agent::*;
 pub use claim::*;
+pub use controller::*;
 pub use duty::*;
 pub use fence::*;
 pub use sweep::*;
