@@ -9,8 +9,9 @@
 //! - [`node`]: validated node ids; [`instance`]: the instance id rule.
 //! - [`fencer`]: the `Fencer` trait and the NVMe, levels, none, attested and (cargo
 //!   feature `ebs`, also reachable as `fenced::ebs`) EBS fencers.
-//! - [`metrics`]: the daemon's Prometheus metrics, task health and readiness
-//!   ([`metrics::Observer`]) and their HTTP endpoint.
+//! - [`observe`] (also reachable as `fenced::metrics`): the daemon's Prometheus
+//!   metrics, task health and readiness ([`observe::Observer`]), their HTTP endpoint
+//!   and the systemd watchdog loop.
 //! - [`notify`]: the systemd notification protocol (`READY=1`, `STATUS=`, `WATCHDOG=1`).
 //! - [`fault`]: the `fence::<step>` fail points (cargo feature `failpoints`).
 //!
@@ -63,12 +64,15 @@ pub mod files;
 pub mod guard;
 pub mod instance;
 pub mod keys;
-pub mod metrics;
 pub mod node;
 pub mod notify;
+pub mod observe;
 pub mod ports;
 pub mod store;
 
 #[cfg(feature = "ebs")]
 pub use fencer::ebs;
 pub use node::NodeId;
+/// The daemon's metrics, task health and readiness under their former path (see
+/// [`observe`]).
+pub use observe as metrics;

@@ -32,8 +32,8 @@ use tokio::task::JoinSet;
 
 use crate::core::{OperatorWaits, Roster};
 use crate::fencer::Fencer;
-use crate::metrics::Observer;
 use crate::node::NodeId;
+use crate::observe::Observer;
 use crate::ports::FenceStore;
 use crate::store::EtcdStore;
 
