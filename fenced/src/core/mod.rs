@@ -3,12 +3,16 @@
 //! The controller's fence of one node is a [`FenceRun`]: the driver (see
 //! `controller.rs`) performs each [`FenceAction`] against etcd or a Fencer and feeds
 //! the outcome back. Which nodes a sweep owes a fence is [`plan_sweep`]; whether a
-//! departure marker is honoured is [`honour_departure`]; the agent's self-fencing
+//! departure marker is honoured is [`honour_departure`]; how a refused claim ranks its
+//! reasons is [`claim_outcome`]; the agent's self-fencing
 //! clock is [`Watchdog`] (fed by [`lease_reading`]); whether a stalled controller may
 //! still sever is [`check_claim_age`]; the agent's device checks are [`check_device`].
 //! What `fenced attest` refuses, and when it fences, is [`attest::judge`]. Which
 //! controller claims a death first and which sweeps the period is [`fence_duty`] and
-//! [`SweepClock`], over the [`Roster`] of live controllers.
+//! [`SweepClock`], over the [`Roster`] of live controllers. The controller's small
+//! rules (its own node, a refused instance id, claim retries, fences waiting for an
+//! operator) are [`is_own_node`], [`instance_or_unknown`], [`retry_claim`] and
+//! [`OperatorWaits`].
 
 use std::fmt;
 
@@ -139,6 +143,8 @@ pub struct Confirmation {
 
 mod agent;
 pub mod attest;
+mod claim;
+mod controller;
 mod duty;
 mod fence;
 mod sweep;
@@ -146,6 +152,8 @@ mod sweep;
 mod tests;
 
 pub use agent::*;
+pub use claim::*;
+pub use controller::*;
 pub use duty::*;
 pub use fence::*;
 pub use sweep::*;

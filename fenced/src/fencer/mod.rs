@@ -232,6 +232,12 @@ impl FenceCause {
 pub trait Fencer: Send + Sync + fmt::Debug {
     /// `nvme`, `ebs`, `none`.
     fn name(&self) -> &'static str;
+    /// Whether this fencer severs device access at all. `false` is single-signal mode
+    /// (generations bumped on lease expiry alone, arenas never released): the
+    /// controller warns about it when it starts.
+    fn severs(&self) -> bool {
+        true
+    }
     /// Sever `victim`'s access and verify it. `Ok` with `severed: false` means
     /// single-signal mode (nothing severed; arenas are never released).
     fn fence<'a>(&'a self, victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>>;
@@ -245,6 +251,9 @@ pub struct NoneFencer;
 impl Fencer for NoneFencer {
     fn name(&self) -> &'static str {
         "none"
+    }
+    fn severs(&self) -> bool {
+        false
     }
     fn fence<'a>(&'a self, _victim: &'a Victim) -> BoxFuture<'a, Result<Confirmation, FenceError>> {
         Box::pin(async {
@@ -302,6 +311,8 @@ mod tests {
     async fn none_fencer_is_single_signal() {
         let c = NoneFencer.fence(&victim("b")).await.unwrap();
         assert!(!c.severed);
+        // The typed property the controller's single-signal warning reads.
+        assert!(!NoneFencer.severs());
     }
 
     #[tokio::test]
@@ -311,7 +322,7 @@ mod tests {
             reason: "host b powered off at the PDU".into(),
         };
         let c = f.fence(&victim("b")).await.unwrap();
-        assert!(c.severed);
+        assert!(c.severed && f.severs());
         assert_eq!(
             c.evidence,
             "attested by alice: host b powered off at the PDU"

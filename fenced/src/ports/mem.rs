@@ -9,7 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::core::{BumpOutcome, ClaimOutcome, FenceCheck, Refusal, SweepSnapshot, Victim};
+use crate::core::{
+    BumpOutcome, ClaimFacts, ClaimOutcome, FenceCheck, SweepSnapshot, Victim, claim_outcome,
+};
 use crate::node::NodeId;
 use crate::store::{Abort, BootRecord, ClaimGuard, Finish, StoreError};
 
@@ -257,24 +259,14 @@ impl FenceStore for MemStore {
                 arenas,
             });
         }
-        if let Some((by, _)) = s.claims.get(n) {
-            return Ok(ClaimOutcome::Held { by: by.clone() });
-        }
-        if s.members.contains_key(n) {
-            return Ok(ClaimOutcome::Refused(Refusal::Member));
-        }
-        Ok(ClaimOutcome::Refused(match guard {
-            ClaimGuard::Sweep(_) => Refusal::SnapshotAged,
-            ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
-                if fenced_since(deleted_rev) =>
-            {
-                Refusal::AlreadyFenced
-            }
-            _ if s.departed.contains_key(n) => Refusal::Departed {
-                arenas: Some(arenas.len()),
-            },
-            _ => Refusal::SnapshotAged,
-        }))
+        let facts = ClaimFacts {
+            held_by: s.claims.get(n).map(|(by, _)| by.clone()),
+            member: s.members.contains_key(n),
+            departed: s.departed.contains_key(n),
+            arenas: arenas.len(),
+            done_rev,
+        };
+        Ok(claim_outcome(guard, facts))
     }
 
     async fn finish(&self, req: Finish<'_>) -> Result<BumpOutcome, StoreError> {

@@ -8,32 +8,10 @@ use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse, Txn
 use super::{
     EtcdStore, Result, absent, count, id_text, kvs, parse_u64, prefix_keys_only, revision,
 };
-use crate::core::{BumpOutcome, ClaimOutcome, Refusal, SnapshotGuard, Victim};
+pub use crate::core::ClaimGuard;
+use crate::core::{BumpOutcome, ClaimFacts, ClaimOutcome, Victim, claim_outcome};
 use crate::keys::Keys;
 use crate::node::NodeId;
-
-/// What the watch path's claim guards on besides the claim itself.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ClaimGuard {
-    /// Watch path: membership absent, no departure marker, and no fence mark written
-    /// since the membership DELETE at `deleted_rev`. The last compare is what makes a
-    /// late or duplicated DELETE harmless: without it, a controller whose event
-    /// arrives after another controller finished (and released its claim) wins a
-    /// fresh claim and bumps the generation a second time for one departure.
-    Watch {
-        /// Revision of the membership DELETE this attempt acts on.
-        deleted_rev: i64,
-    },
-    /// Watch path after a departure marker was found not honourable (the node still
-    /// owns arenas): membership absent, the marker ignored, same fence-mark guard.
-    IgnoreDeparture {
-        /// Revision of the membership DELETE this attempt acts on (`i64::MAX`: no
-        /// DELETE to anchor to).
-        deleted_rev: i64,
-    },
-    /// Sweep path: membership absent and the snapshot unchanged (`recheck_intent`).
-    Sweep(SnapshotGuard),
-}
 
 /// The finishing transaction's request: bump `node`'s generation from `from`, mark
 /// the fence done, clear the intent, release `release` (when given), write the audit
@@ -380,32 +358,16 @@ fn claim_txn(k: &Keys, victim: &Victim, controller: &str, lease: i64, guard: Cla
 }
 
 /// A claim that neither succeeded nor turned out to be ours, from the reads of the
-/// claim transaction's `or_else` branch: held by another controller, or refused by
-/// `guard` and why.
+/// claim transaction's `or_else` branch: the facts, ranked by [`claim_outcome`].
 fn not_won(ops: &[TxnOpResponse], guard: ClaimGuard) -> ClaimOutcome {
-    if let Some(kv) = kvs(&ops[0]).first() {
-        return ClaimOutcome::Held { by: id_text(kv) };
-    }
-    if !kvs(&ops[1]).is_empty() {
-        return ClaimOutcome::Refused(Refusal::Member);
-    }
-    let fenced_since = |rev: i64| {
-        kvs(&ops[4])
-            .first()
-            .is_some_and(|kv| kv.mod_revision() >= rev)
+    let facts = ClaimFacts {
+        held_by: kvs(&ops[0]).first().map(id_text),
+        member: !kvs(&ops[1]).is_empty(),
+        departed: !kvs(&ops[2]).is_empty(),
+        arenas: count(&ops[3]).max(kvs(&ops[3]).len()),
+        done_rev: kvs(&ops[4]).first().map_or(0, |kv| kv.mod_revision()),
     };
-    match guard {
-        ClaimGuard::Sweep(_) => ClaimOutcome::Refused(Refusal::SnapshotAged),
-        ClaimGuard::Watch { deleted_rev } | ClaimGuard::IgnoreDeparture { deleted_rev }
-            if fenced_since(deleted_rev) =>
-        {
-            ClaimOutcome::Refused(Refusal::AlreadyFenced)
-        }
-        _ if !kvs(&ops[2]).is_empty() => ClaimOutcome::Refused(Refusal::Departed {
-            arenas: Some(count(&ops[3]).max(kvs(&ops[3]).len())),
-        }),
-        _ => ClaimOutcome::Refused(Refusal::SnapshotAged),
-    }
+    claim_outcome(guard, facts)
 }
 
 /// Fail point `store::claim::answer_lost` (tests; its argument names the controller
