@@ -155,7 +155,7 @@ pub enum DaemonError {
         node: String,
         identity: String,
         #[source]
-        source: AgentError,
+        source: Box<AgentError>,
     },
     #[error("{source}")]
     BootId {
@@ -548,7 +548,7 @@ fn agent_error(source: AgentError, node: &fenced::NodeId, etcd: &EtcdSettings) -
         return DaemonError::NotThisNode {
             node: node.as_str().to_owned(),
             identity,
-            source,
+            source: Box::new(source),
         };
     }
     DaemonError::Agent { source }

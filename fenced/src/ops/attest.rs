@@ -121,8 +121,8 @@ pub enum AttestError {
     )]
     WrongNamespace {
         path: PathBuf,
-        expected: nvme_resv::NamespaceIdentity,
-        found: nvme_resv::NamespaceIdentity,
+        expected: Box<nvme_resv::NamespaceIdentity>,
+        found: Box<nvme_resv::NamespaceIdentity>,
     },
     #[error(
         "refusing to preempt from {}: no shared namespace is recorded at <root>/namespace (a fenced daemon with --fencer nvme records it at its first join), so nothing says this device is the one the node writes; attest without --block-device, or check --root",
@@ -252,8 +252,8 @@ async fn checked_fencer(
     if !expected.same_namespace(&found) {
         return Err(AttestError::WrongNamespace {
             path,
-            expected,
-            found,
+            expected: Box::new(expected),
+            found: Box::new(found),
         });
     }
     let report = report.map_err(|source| AttestError::Report {
@@ -606,7 +606,7 @@ mod tests {
         else {
             panic!("{e:?}")
         };
-        assert_eq!((expected, found), (&identity(1), &identity(2)));
+        assert_eq!((&**expected, &**found), (&identity(1), &identity(2)));
         let msg = e.to_string();
         assert!(
             msg.contains(&identity(1).to_string()) && msg.contains(&identity(2).to_string()),
