@@ -619,7 +619,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
             (Some(d), Some(id))
         }
     };
-    let device = device.map(|d| fenced::metrics::ObservedDevice::wrap(d, observer.clone()));
+    let device = device.map(|d| fenced::device::ObservedDevice::wrap(d, observer.clone()));
     let own_key = nvme_resv::key_for_node(s.node.as_str());
     let mut store_opts = StoreOptions::for_lease_ttl(s.ttl);
     if let Some(t) = s.etcd_keepalive_timeout {

@@ -58,6 +58,7 @@ pub mod agent;
 pub mod clock;
 pub mod controller;
 pub mod core;
+pub mod device;
 pub mod fault;
 pub mod fencer;
 pub mod files;

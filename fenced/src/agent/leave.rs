@@ -1,13 +1,17 @@
-//! The store and device steps of leaving, after quiescence, and why a leave is
-//! incomplete ([`LeaveFailure`]).
+//! Leaving: the agent's leave loop ([`Agent::leave`]: quiesce, then the steps while
+//! the self-fence margin keeps running), the store and device steps of leaving, and
+//! why a leave is incomplete ([`LeaveFailure`]).
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use nvme_resv::{Cptpl, Key, Register, RegisterAction};
+use std::io::Write;
 
-use super::blocking;
-use crate::fencer::{Device, key_registered};
+use nvme_resv::Key;
+
+use super::{Agent, AgentExit, blocking};
+use crate::core::{Watchdog, WatchdogVerdict};
+use crate::device::{Device, unregister_checked};
 use crate::node::NodeId;
 use crate::ports::LeaveStore;
 use crate::store::{BootRecord, StoreError};
@@ -81,17 +85,7 @@ where
 /// Unregisters our key and checks, with a report, that it is gone: from then on the
 /// device refuses every write of this host (Write Exclusive - All Registrants).
 async fn unregister(device: Device, key: Key) -> Result<(), LeaveFailure> {
-    let r = blocking(move || -> Result<bool, nvme_resv::Error> {
-        device.register(&Register {
-            rrega: RegisterAction::Unregister,
-            crkey: key,
-            nrkey: Key(0),
-            iekey: false,
-            cptpl: Cptpl::NoChange,
-        })?;
-        Ok(key_registered(&device.report()?, key))
-    })
-    .await;
+    let r = blocking(move || unregister_checked(&device, key)).await;
     match r {
         Ok(false) => Ok(()),
         Ok(true) => Err(LeaveFailure::StillRegistered {
@@ -166,11 +160,116 @@ pub(super) async fn leave_steps<S: LeaveStore>(
     }
 }
 
+impl Agent {
+    /// The boot record a clean leave writes with its departure: `by: leave`, letting
+    /// the next start on this boot register our key again. Only when this instance
+    /// registered the key itself: one that found it registered (an earlier instance's,
+    /// whose application may still run) leaves the join's record, so the next start on
+    /// this boot is refused registration (the once-per-boot rule) until a reboot or
+    /// `fenced unfence`.
+    fn leave_record(&self) -> Option<BootRecord> {
+        match &self.cfg.boot_id {
+            Some(boot_id) if self.registered_it => Some(BootRecord {
+                boot_id: boot_id.clone(),
+                generation: self.joined.generation,
+                by: BootRecord::BY_LEAVE.to_owned(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// `quiesce` → `release_own_arenas` → `depart`.
+    ///
+    /// etcd requests that fail because etcd is unreachable are retried until
+    /// `leave_timeout`, and the self-fence margin keeps running meanwhile: a leave stuck
+    /// behind a partition self-fences at the margin like a running agent (gate fenced,
+    /// watchdog no longer petted), then keeps trying to finish. When the link comes back
+    /// the departure transaction decides: it succeeds only if our membership survived
+    /// (our keepalives reached etcd though their answers did not), and after expiry it is
+    /// refused (invariant 4) and logged.
+    pub(super) async fn leave(
+        mut self,
+        mut watchdog: Watchdog,
+        mut renewals: tokio::sync::watch::Receiver<(Instant, i64)>,
+    ) -> AgentExit {
+        let node = self.cfg.node.clone();
+        self.gate.quiesce();
+        tracing::info!(step = "quiesce", node = %node, "I/O stopped, leaving");
+        let steps = leave_steps(
+            self.store.clone(),
+            node.clone(),
+            self.cfg.instance.clone(),
+            self.joined.membership_rev,
+            self.device.clone().map(|d| (d, self.own_key)),
+            self.leave_record(),
+            Instant::now() + self.cfg.leave_timeout,
+        );
+        tokio::pin!(steps);
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut self_fenced: Option<String> = None;
+        let outcome = loop {
+            tokio::select! {
+                r = &mut steps => break r,
+                changed = renewals.changed(), if self_fenced.is_none() => {
+                    if changed.is_ok() {
+                        let (at, left) = *renewals.borrow_and_update();
+                        watchdog.on_keepalive(left, at);
+                    }
+                }
+                _ = tick.tick(), if self_fenced.is_none() => {
+                    match watchdog.verdict(Instant::now()) {
+                        WatchdogVerdict::Healthy { .. } => self.pet(),
+                        WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
+                            let reason = format!(
+                                "lease not renewed for {since_renewal:?} while leaving (margin {:?}, lease expired: {lease_expired})",
+                                self.cfg.self_fence_margin
+                            );
+                            let _ = self.self_fence(reason.clone());
+                            self_fenced = Some(reason);
+                        }
+                    }
+                }
+            }
+        };
+        match (outcome, self_fenced) {
+            (Ok(()), None) => {
+                let _ = self.store.revoke(self.lease).await;
+                if let Some(w) = &mut self.watchdog {
+                    let _ = w.write_all(b"V"); // magic close: disarm
+                }
+                tracing::info!(step = "depart", node = %node, "departed: marker written, membership deleted");
+                AgentExit::Left
+            }
+            (Ok(()), Some(reason)) => {
+                // Our membership outlived our view of it: the departure is recorded, but
+                // we already stopped I/O and the watchdog as a self-fenced node.
+                let _ = self.store.revoke(self.lease).await;
+                tracing::warn!(step = "depart", node = %node, "departed after self-fencing: marker written, membership deleted");
+                AgentExit::SelfFenced { reason }
+            }
+            (Err(why), None) => self.leave_incomplete(why.to_string()),
+            (Err(why), Some(reason)) => {
+                let _ = self.leave_incomplete(why.to_string());
+                AgentExit::SelfFenced { reason }
+            }
+        }
+    }
+
+    fn leave_incomplete(&mut self, reason: String) -> AgentExit {
+        self.gate.fence();
+        tracing::error!(step = "depart", node = %self.cfg.node, reason = %reason, "leave incomplete: no departure marker, peers will fence this node");
+        AgentExit::LeaveIncomplete { reason }
+    }
+}
+
 /// The leave's decisions against the in-memory store: logic only (a real leave is
 /// `tests/fencing.rs`, `tests/cli.rs`, `tests/partition.rs`).
 #[cfg(test)]
 mod tests {
+    use nvme_resv::{Cptpl, Register, RegisterAction};
+
     use super::*;
+    use crate::device::key_registered;
     use crate::ports::mem::MemStore;
 
     fn n(s: &str) -> NodeId {
@@ -182,7 +281,7 @@ mod tests {
     }
 
     /// [`leave_steps`] of `node`, joined as `instance` at `rev`, with 5 s to go.
-    async fn leave(
+    pub(super) async fn leave(
         store: &MemStore,
         node: &str,
         instance: &str,

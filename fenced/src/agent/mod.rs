@@ -1,23 +1,26 @@
 //! The node agent (one per host that writes the shared namespace): join on a lease,
 //! unfence safely, keep the lease alive, self-fence, claim arenas, leave cleanly.
+//!
+//! One job per file: `start` (the restart rule, join, the unfence plan, arenas),
+//! `run` (the loop and the self-fence), `device_check` (the device check off the
+//! loop), `leave` (the leave loop and its steps), `keepalive`, `own_membership`,
+//! [`boot`] (the restart and once-per-boot rules), [`identity`] (the namespace record
+//! at join), [`on_fence`]; here the settings, the [`IoGate`], the errors and the
+//! [`Agent`] handle.
 
 use std::fs::File;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, ReservationType};
+use nvme_resv::Key;
 use tokio::sync::Notify;
 
-use crate::core::{
-    DeviceHealth, DeviceVerdict, Watchdog, WatchdogVerdict, check_device, device_health,
-};
-use crate::fencer::{Device, RESERVATION_TYPE, key_registered};
+use crate::device::Device;
 use crate::guard::GenerationGuard;
 use crate::node::NodeId;
-use crate::store::{BootRecord, EtcdStore, Joined, RestartState, StoreError};
+use crate::store::{BootRecord, EtcdStore, Joined, StoreError};
 
 /// Agent settings.
 #[derive(Debug, Clone)]
@@ -85,17 +88,17 @@ impl AgentConfig {
 }
 
 pub mod boot;
+mod device_check;
 pub mod identity;
 mod keepalive;
 mod leave;
 pub mod on_fence;
 mod own_membership;
+mod run;
+mod start;
 
 pub use boot::{BOOT_ID_FILE, FencedSameBoot, KeyRemovedSameBoot, read_boot_id};
 pub use on_fence::{OnFence, OnFenceConfig, OnFenceOutcome, check_reboot};
-
-use keepalive::spawn_keepalive;
-use leave::leave_steps;
 
 const GATE_OPEN: u8 = 0;
 const GATE_QUIESCED: u8 = 1;
@@ -272,254 +275,6 @@ async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 }
 
 impl Agent {
-    /// `join` + `read_own_generation` + `unfence` + `claim_arena`.
-    ///
-    /// `own_key` is this node's reservation key (`nvme_resv::key_for_node`).
-    pub async fn start(
-        store: EtcdStore,
-        cfg: AgentConfig,
-        device: Option<Device>,
-        own_key: Key,
-    ) -> Result<Self, AgentError> {
-        let watchdog = match &cfg.watchdog_device {
-            Some(p) => Some(File::options().write(true).open(p).map_err(|source| {
-                AgentError::Watchdog {
-                    path: p.clone(),
-                    source,
-                }
-            })?),
-            None => None,
-        };
-        // Before any write: a node fenced since its last join does not come back on
-        // the same boot.
-        let mut seen = Self::check_restart(&store, &cfg).await?;
-        if let Some(ours) = &cfg.namespace {
-            identity::check_namespace(&store, &cfg.node, ours).await?;
-        }
-        let lease = store.grant(cfg.ttl).await?;
-        let granted_at = Instant::now();
-        let (keepalive, renewals) = spawn_keepalive(
-            store.clone(),
-            cfg.node.clone(),
-            lease,
-            cfg.ttl,
-            cfg.self_fence_margin,
-        );
-        let t0 = Instant::now();
-        let joined = loop {
-            if let Some(j) = store
-                .join(
-                    &cfg.node,
-                    &cfg.instance,
-                    lease,
-                    &seen,
-                    cfg.boot_id.as_deref(),
-                )
-                .await?
-            {
-                break j;
-            }
-            if t0.elapsed() > cfg.join_timeout {
-                keepalive.abort();
-                let _ = store.revoke(lease).await;
-                return Err(AgentError::JoinRefused {
-                    node: cfg.node.clone(),
-                    waited: t0.elapsed(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            // The join is conditioned on the generation we checked: read and check again.
-            seen = match Self::check_restart(&store, &cfg).await {
-                Ok(s) => s,
-                Err(e) => {
-                    keepalive.abort();
-                    let _ = store.revoke(lease).await;
-                    return Err(e);
-                }
-            };
-        };
-        tracing::info!(step = "join", node = %cfg.node, instance = %cfg.instance, lease, membership_rev = joined.membership_rev, "joined membership");
-        tracing::info!(step = "read_own_generation", node = %cfg.node, generation = joined.generation, "generation read");
-        let mut agent = Self {
-            store,
-            cfg,
-            device,
-            own_key,
-            gate: IoGate::default(),
-            joined,
-            previous_boot: seen.boot,
-            registered_it: false,
-            lease,
-            arenas: Vec::new(),
-            watchdog,
-            granted_at,
-            renewals,
-            keepalive,
-        };
-        let started = match agent.unfence().await {
-            Ok(()) => agent.claim_arenas().await,
-            Err(e) => Err(e),
-        };
-        if let Err(e) = started {
-            // Issue 26, hole 4: a start that fails after the register (membership lost
-            // before the arenas were adopted, a device error after the register) must
-            // not leave the key on the device: the node is not a member, its
-            // generation may already be bumped, and the next start on this boot is
-            // refused, so nothing else would remove it.
-            agent.unregister_after_failed_start(&e).await;
-            return Err(e);
-        }
-        Ok(agent)
-    }
-
-    /// After a failed start: if our key is registered, unregister it and check with a
-    /// report that it is gone; logs an error when it cannot be removed.
-    async fn unregister_after_failed_start(&self, why: &AgentError) {
-        let Some(device) = self.device.clone() else {
-            return;
-        };
-        let key = self.own_key;
-        let r = blocking(move || -> nvme_resv::Result<Option<bool>> {
-            if !key_registered(&device.report()?, key) {
-                return Ok(None);
-            }
-            device.register(&Register {
-                rrega: RegisterAction::Unregister,
-                crkey: key,
-                nrkey: Key(0),
-                iekey: false,
-                cptpl: Cptpl::NoChange,
-            })?;
-            Ok(Some(key_registered(&device.report()?, key)))
-        })
-        .await;
-        let node = &self.cfg.node;
-        let key = format_args!("{:#x}", key.0);
-        match r {
-            Ok(None) => {}
-            Ok(Some(false)) => {
-                tracing::warn!(step = "unregister", node = %node, key = key, cause = %why, "start failed after the key was registered: key unregistered (checked gone)")
-            }
-            Ok(Some(true)) => {
-                tracing::error!(step = "unregister", node = %node, key = key, cause = %why, "start failed after the key was registered, and the report still lists the key after the unregister: remove it (`nvme-resv register DEVICE --rrega unregister --crkey KEY`) or reboot the host")
-            }
-            Err(e) => {
-                tracing::error!(step = "unregister", node = %node, key = key, cause = %why, error = %e, "start failed after the key was registered, and unregistering it failed: remove it (`nvme-resv register DEVICE --rrega unregister --crkey KEY`) or reboot the host")
-            }
-        }
-    }
-
-    /// The restart rule ([`boot`]): reads the node's boot record and generation (one
-    /// read, no write) and refuses with [`AgentError::FencedSameBoot`] when it was
-    /// fenced since its last join from this same boot. The daemon calls it before any
-    /// etcd write of its own; [`Agent::start`] calls it again.
-    pub async fn check_restart(
-        store: &EtcdStore,
-        cfg: &AgentConfig,
-    ) -> Result<RestartState, AgentError> {
-        let seen = store.restart_state(&cfg.node).await?;
-        if let Some(boot_id) = &cfg.boot_id {
-            boot::check_restart(&cfg.node, &seen, boot_id)?;
-        }
-        Ok(seen)
-    }
-
-    async fn unfence(&mut self) -> Result<(), AgentError> {
-        let Some(device) = self.device.clone() else {
-            return Ok(());
-        };
-        // Only with live membership, after reading our generation (both done by join).
-        if !self
-            .store
-            .is_member(&self.cfg.node, self.joined.membership_rev)
-            .await?
-        {
-            return Err(AgentError::JoinRefused {
-                node: self.cfg.node.clone(),
-                waited: Duration::ZERO,
-            });
-        }
-        let key = self.own_key;
-        let node = self.cfg.node.clone();
-        let boot_id = self.cfg.boot_id.clone();
-        let previous = self.previous_boot.clone();
-        let (registered_before, held) = blocking(move || -> Result<_, AgentError> {
-            let before = dev("unfence", device.report())?;
-            let was = key_registered(&before, key);
-            if let Some(boot_id) = &boot_id {
-                boot::check_register(&node, previous.as_ref(), boot_id, was)?;
-            }
-            if !was {
-                dev(
-                    "unfence",
-                    device.register(&Register {
-                        rrega: RegisterAction::Register,
-                        crkey: Key(0),
-                        nrkey: key,
-                        iekey: false,
-                        cptpl: Cptpl::NoChange,
-                    }),
-                )?;
-            }
-            let now = dev("unfence", device.report())?;
-            if now.rtype == ReservationType::NONE {
-                let r = device.acquire(&Acquire {
-                    racqa: AcquireAction::Acquire,
-                    rtype: RESERVATION_TYPE,
-                    crkey: key,
-                    prkey: Key(0),
-                    iekey: false,
-                });
-                // A peer may have acquired between our report and our acquire.
-                if let Err(e) = r {
-                    let again = dev("unfence", device.report())?;
-                    if again.rtype == ReservationType::NONE {
-                        return Err(AgentError::Device {
-                            step: "unfence",
-                            source: e,
-                        });
-                    }
-                }
-            }
-            let after = dev("unfence", device.report())?;
-            Ok((was, after.rtype))
-        })
-        .await?;
-        self.registered_it = !registered_before;
-        tracing::info!(step = "unfence", node = %self.cfg.node, key = format_args!("{:#x}", key.0), already_registered = registered_before, rtype = held.0, "registered on the device");
-        Ok(())
-    }
-
-    async fn claim_arenas(&mut self) -> Result<(), AgentError> {
-        self.arenas = self
-            .store
-            .adopt_arenas(&self.cfg.node, self.joined.membership_rev)
-            .await?
-            .ok_or_else(|| AgentError::LostMembership {
-                node: self.cfg.node.clone(),
-            })?;
-        if self.arenas.len() >= self.cfg.arenas {
-            return Ok(());
-        }
-        for arena in self.store.free_arenas().await? {
-            if self.arenas.len() >= self.cfg.arenas {
-                break;
-            }
-            if self
-                .store
-                .claim_arena(&self.cfg.node, self.joined.membership_rev, &arena)
-                .await?
-            {
-                tracing::info!(step = "claim_arena", node = %self.cfg.node, arena = %arena, "arena claimed");
-                self.arenas.push(arena);
-            }
-        }
-        if self.arenas.len() < self.cfg.arenas {
-            tracing::warn!(node = %self.cfg.node, wanted = self.cfg.arenas, got = self.arenas.len(), "free pool exhausted");
-        }
-        Ok(())
-    }
-
     /// Our node id.
     pub fn node(&self) -> &NodeId {
         &self.cfg.node
@@ -553,245 +308,5 @@ impl Agent {
     /// The generation guard for our metadata transactions.
     pub fn guard(&self) -> GenerationGuard {
         GenerationGuard::new(self.store.keys(), &self.cfg.node, self.joined.generation)
-    }
-
-    fn pet(&mut self) {
-        if let Some(w) = &mut self.watchdog {
-            let _ = w.write_all(b"\0");
-        }
-    }
-
-    fn observe(&self, now: Instant, verdict: WatchdogVerdict) {
-        let margin = self.cfg.self_fence_margin;
-        let (age, left) = match verdict {
-            WatchdogVerdict::Healthy { left } => (margin.saturating_sub(left), left),
-            WatchdogVerdict::SelfFence { since_renewal, .. } => (since_renewal, Duration::ZERO),
-        };
-        let keepalive_running = !self.keepalive.is_finished();
-        self.cfg
-            .observer
-            .agent_tick(now, age, left, self.cfg.ttl, keepalive_running);
-    }
-
-    fn self_fence(&mut self, reason: String) -> AgentExit {
-        self.gate.fence();
-        // Stop petting the hardware watchdog (never magic-close it): the host reboots.
-        self.watchdog = None;
-        tracing::error!(step = "self_fence", node = %self.cfg.node, reason = %reason, "SELF-FENCED: all I/O stopped");
-        AgentExit::SelfFenced { reason }
-    }
-
-    /// Keeps the lease alive, checks the device, and self-fences when needed, until
-    /// `leave` completes (SIGTERM / `fenced leave`), then leaves. After a self-fence
-    /// it runs the on-fence action ([`AgentConfig::on_fence`]) before returning.
-    pub async fn run(self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
-        let on_fence = self.cfg.on_fence.clone();
-        let node = self.cfg.node.clone();
-        let generation = self.joined.generation;
-        let exit = self.run_until_exit(leave).await;
-        if let AgentExit::SelfFenced { reason } = &exit {
-            on_fence::on_fence(&on_fence, &node, generation, reason).await;
-        }
-        exit
-    }
-
-    async fn run_until_exit(mut self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
-        let mut watchdog = Watchdog::new(self.cfg.self_fence_margin, self.granted_at);
-        let mut renewals = self.renewals.clone();
-        let mut tick_wd = tokio::time::interval(Duration::from_millis(100));
-        let mut tick_dev = tokio::time::interval(self.cfg.device_check_interval);
-        // The device check in flight and when it started: it runs off this loop, so a
-        // hung device never holds up the lease verdict, the membership watch, conflict
-        // notices or the watchdog pet (core::device_health).
-        let mut check: Option<(
-            tokio::task::JoinHandle<nvme_resv::Result<DeviceVerdict>>,
-            Instant,
-        )> = None;
-        let conflict = self.gate.conflict.clone();
-        let lost = own_membership::lost(
-            self.store.clone(),
-            self.cfg.node.clone(),
-            self.joined.membership_rev,
-        );
-        tokio::pin!(leave, lost);
-        loop {
-            tokio::select! {
-                _ = &mut leave => return self.leave(watchdog, renewals).await,
-                reason = &mut lost => return self.self_fence(reason),
-                _ = conflict.notified() => {
-                    return self.self_fence("a write failed with a reservation conflict: this node was fenced".into());
-                }
-                changed = renewals.changed() => {
-                    if changed.is_ok() {
-                        let (at, left) = *renewals.borrow_and_update();
-                        watchdog.on_keepalive(left, at);
-                    }
-                }
-                _ = tick_wd.tick() => {
-                    let now = Instant::now();
-                    let verdict = watchdog.verdict(now);
-                    self.observe(now, verdict);
-                    match verdict {
-                        WatchdogVerdict::Healthy { .. } => self.pet(),
-                        WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
-                            return self.self_fence(format!(
-                                "lease not renewed for {since_renewal:?} (margin {:?}, lease expired: {lease_expired})",
-                                self.cfg.self_fence_margin
-                            ));
-                        }
-                    }
-                }
-                _ = tick_dev.tick() => {
-                    let in_flight = check.as_ref().map(|(_, t0)| t0.elapsed());
-                    let health = device_health(in_flight);
-                    self.cfg.observer.device_stalled(match health {
-                        DeviceHealth::Stalled { for_ } => Some(for_),
-                        DeviceHealth::Answering => None,
-                    });
-                    if let DeviceHealth::Stalled { for_ } = health {
-                        tracing::warn!(node = %self.cfg.node, unanswered = ?for_, "the shared device has not answered a reservation report for {:.0}s (a hung path or target): not self-fencing on it, the lease decides", for_.as_secs_f64());
-                    }
-                    if check.is_none()
-                        && let Some(device) = self.device.clone()
-                    {
-                        let key = self.own_key;
-                        let task = tokio::task::spawn_blocking(move || -> nvme_resv::Result<DeviceVerdict> {
-                            let r = device.report()?;
-                            let v = check_device(key_registered(&r, key), r.rtype != ReservationType::NONE);
-                            if v == DeviceVerdict::Acquire {
-                                device.acquire(&Acquire {
-                                    racqa: AcquireAction::Acquire,
-                                    rtype: RESERVATION_TYPE,
-                                    crkey: key,
-                                    prkey: Key(0),
-                                    iekey: false,
-                                })?;
-                            }
-                            Ok(v)
-                        });
-                        check = Some((task, Instant::now()));
-                    }
-                }
-                done = async { (&mut check.as_mut().expect("guarded by is_some").0).await }, if check.is_some() => {
-                    check = None;
-                    self.cfg.observer.device_stalled(None);
-                    let verdict = match done {
-                        Ok(v) => v,
-                        Err(e) => std::panic::resume_unwind(e.into_panic()),
-                    };
-                    match verdict {
-                        Ok(DeviceVerdict::Preempted) => {
-                            // Never re-register: only a fresh start that rejoins may.
-                            return self.self_fence(format!(
-                                "our reservation key {:#x} was preempted", self.own_key.0
-                            ));
-                        }
-                        Ok(DeviceVerdict::Acquire) => tracing::info!(node = %self.cfg.node, "no reservation held: acquired Write Exclusive - All Registrants"),
-                        Ok(DeviceVerdict::Ok) => {}
-                        Err(e) => tracing::warn!(node = %self.cfg.node, error = %e, "reservation report failed"),
-                    }
-                }
-            }
-        }
-    }
-
-    /// The boot record a clean leave writes with its departure: `by: leave`, letting
-    /// the next start on this boot register our key again. Only when this instance
-    /// registered the key itself: one that found it registered (an earlier instance's,
-    /// whose application may still run) leaves the join's record, so the next start on
-    /// this boot is refused registration (the once-per-boot rule) until a reboot or
-    /// `fenced unfence`.
-    fn leave_record(&self) -> Option<BootRecord> {
-        match &self.cfg.boot_id {
-            Some(boot_id) if self.registered_it => Some(BootRecord {
-                boot_id: boot_id.clone(),
-                generation: self.joined.generation,
-                by: BootRecord::BY_LEAVE.to_owned(),
-            }),
-            _ => None,
-        }
-    }
-
-    /// `quiesce` → `release_own_arenas` → `depart`.
-    ///
-    /// etcd requests that fail because etcd is unreachable are retried until
-    /// `leave_timeout`, and the self-fence margin keeps running meanwhile: a leave stuck
-    /// behind a partition self-fences at the margin like a running agent (gate fenced,
-    /// watchdog no longer petted), then keeps trying to finish. When the link comes back
-    /// the departure transaction decides: it succeeds only if our membership survived
-    /// (our keepalives reached etcd though their answers did not), and after expiry it is
-    /// refused (invariant 4) and logged.
-    async fn leave(
-        mut self,
-        mut watchdog: Watchdog,
-        mut renewals: tokio::sync::watch::Receiver<(Instant, i64)>,
-    ) -> AgentExit {
-        let node = self.cfg.node.clone();
-        self.gate.quiesce();
-        tracing::info!(step = "quiesce", node = %node, "I/O stopped, leaving");
-        let steps = leave_steps(
-            self.store.clone(),
-            node.clone(),
-            self.cfg.instance.clone(),
-            self.joined.membership_rev,
-            self.device.clone().map(|d| (d, self.own_key)),
-            self.leave_record(),
-            Instant::now() + self.cfg.leave_timeout,
-        );
-        tokio::pin!(steps);
-        let mut tick = tokio::time::interval(Duration::from_millis(100));
-        let mut self_fenced: Option<String> = None;
-        let outcome = loop {
-            tokio::select! {
-                r = &mut steps => break r,
-                changed = renewals.changed(), if self_fenced.is_none() => {
-                    if changed.is_ok() {
-                        let (at, left) = *renewals.borrow_and_update();
-                        watchdog.on_keepalive(left, at);
-                    }
-                }
-                _ = tick.tick(), if self_fenced.is_none() => {
-                    match watchdog.verdict(Instant::now()) {
-                        WatchdogVerdict::Healthy { .. } => self.pet(),
-                        WatchdogVerdict::SelfFence { since_renewal, lease_expired } => {
-                            let reason = format!(
-                                "lease not renewed for {since_renewal:?} while leaving (margin {:?}, lease expired: {lease_expired})",
-                                self.cfg.self_fence_margin
-                            );
-                            let _ = self.self_fence(reason.clone());
-                            self_fenced = Some(reason);
-                        }
-                    }
-                }
-            }
-        };
-        match (outcome, self_fenced) {
-            (Ok(()), None) => {
-                let _ = self.store.revoke(self.lease).await;
-                if let Some(w) = &mut self.watchdog {
-                    let _ = w.write_all(b"V"); // magic close: disarm
-                }
-                tracing::info!(step = "depart", node = %node, "departed: marker written, membership deleted");
-                AgentExit::Left
-            }
-            (Ok(()), Some(reason)) => {
-                // Our membership outlived our view of it: the departure is recorded, but
-                // we already stopped I/O and the watchdog as a self-fenced node.
-                let _ = self.store.revoke(self.lease).await;
-                tracing::warn!(step = "depart", node = %node, "departed after self-fencing: marker written, membership deleted");
-                AgentExit::SelfFenced { reason }
-            }
-            (Err(why), None) => self.leave_incomplete(why.to_string()),
-            (Err(why), Some(reason)) => {
-                let _ = self.leave_incomplete(why.to_string());
-                AgentExit::SelfFenced { reason }
-            }
-        }
-    }
-
-    fn leave_incomplete(&mut self, reason: String) -> AgentExit {
-        self.gate.fence();
-        tracing::error!(step = "depart", node = %self.cfg.node, reason = %reason, "leave incomplete: no departure marker, peers will fence this node");
-        AgentExit::LeaveIncomplete { reason }
     }
 }

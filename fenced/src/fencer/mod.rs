@@ -5,9 +5,8 @@
 //! NVMe fencer's blocking ioctls run on `spawn_blocking`.
 //!
 //! - [`nvme`]: [`NvmeFencer`] (preempt, then the report must show the victim's key
-//!   gone) and the reservation [`Device`] the agent shares.
-//! - [`identity`]: [`NamespaceCheck`], the check that our device is the recorded
-//!   shared namespace, made before every NVMe preempt.
+//!   gone; before it, [`NamespaceCheck`]: the device must be the recorded shared
+//!   namespace). The reservation [`Device`] itself is `crate::device`'s.
 //! - [`levels`]: [`FencingLevels`], fencers tried in order until one confirms.
 //! - `ebs` (feature `ebs`): the EBS force-detach fencer.
 //! - Here: the trait, its error, [`NoneFencer`] (single signal) and
@@ -23,7 +22,6 @@ use crate::core::{FenceStep, Victim};
 
 #[cfg(feature = "ebs")]
 pub mod ebs;
-pub mod identity;
 pub mod levels;
 pub mod nvme;
 
@@ -34,9 +32,12 @@ pub use crate::fault::fault_hits;
 // The fail-point engine lives in `crate::fault`; these paths stay for its users.
 pub use crate::fault::{FaultEffect, FaultHit, FaultInjected};
 pub(crate) use crate::fault::{fault, fault_scope};
-pub use identity::{NamespaceCheck, NamespaceRecord, other_ebs_volume};
 pub use levels::{FencingLevels, LevelFailure, LevelFailures};
-pub use nvme::{Device, NvmeFencer, PreemptMode, RESERVATION_TYPE, key_registered};
+// The device's words under their former paths (see `crate::device`).
+pub use crate::device::{
+    Device, NamespaceCheck, NamespaceRecord, RESERVATION_TYPE, key_registered, other_ebs_volume,
+};
+pub use nvme::{NvmeFencer, PreemptMode};
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -224,6 +225,19 @@ impl FenceCause {
                     })
             }
             _ => false,
+        }
+    }
+}
+
+impl From<crate::device::NamespaceMismatch> for FenceCause {
+    fn from(why: crate::device::NamespaceMismatch) -> Self {
+        match why {
+            crate::device::NamespaceMismatch::Wrong { expected, found } => {
+                Self::WrongNamespace { expected, found }
+            }
+            crate::device::NamespaceMismatch::Unreadable { message } => {
+                Self::NamespaceRecord { message }
+            }
         }
     }
 }

@@ -6,15 +6,13 @@
 //! reservation held that denies the victim; NVMe Base Specification 2.0, §8.19).
 
 use std::fmt;
-use std::sync::Arc;
 
 use nvme_resv::report::{NotCutOff, fence_evidence};
-use nvme_resv::{
-    Acquire, AcquireAction, Key, NvmeStatus, ReservationStatus, ReservationType, Reservations,
-};
+use nvme_resv::{Acquire, AcquireAction, Key, NvmeStatus, ReservationType, Reservations};
 
-use super::{BoxFuture, FenceCause, FenceError, Fencer, NamespaceCheck};
+use super::{BoxFuture, FenceCause, FenceError, Fencer};
 use crate::core::{Confirmation, FenceStep, Victim};
+use crate::device::{Device, NamespaceCheck, RESERVATION_TYPE};
 use crate::fault::fault;
 
 /// Which Reservation Acquire action severs the victim.
@@ -26,27 +24,6 @@ pub enum PreemptMode {
     PreemptAndAbort,
     /// Preempt only.
     Preempt,
-}
-
-/// The reservation type the agents hold and the fencer preempts with: Write
-/// Exclusive - All Registrants. Every registrant may write, nobody else may: the same
-/// write semantics as Write Exclusive - Registrants Only, but with a property fencing
-/// needs. With a *Registrants Only* type, a preempt issued by the reservation holder
-/// itself only changes the type on Linux nvmet (`drivers/nvme/target/pr.c`,
-/// `nvmet_pr_preempt`: `holder == reg` returns before looking at PRKEY), so a
-/// controller that happens to be the holder could never remove a victim's key. With
-/// an *All Registrants* type, a preempt with a non-zero PRKEY unregisters that key
-/// whoever issues it (nvmet and NVMe Base 2.0 §8.19.7 agree), and the reservation
-/// survives any one registrant leaving.
-pub const RESERVATION_TYPE: ReservationType = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
-
-/// The reservation device a fencer or agent talks to.
-pub type Device = Arc<dyn Reservations + Send + Sync>;
-
-/// Whether `key` is among the report's registrants: [`ReservationStatus::is_registered`]
-/// (kept for the agent's call sites).
-pub fn key_registered(status: &ReservationStatus, key: Key) -> bool {
-    status.is_registered(key)
 }
 
 /// The NVMe fencer: preempt (and abort) the victim's key with our own registered key,
@@ -319,7 +296,7 @@ impl Fencer for NvmeFencer {
                 check
                     .check(found)
                     .await
-                    .map_err(|cause| FenceError::at(FenceStep::Sever, cause))?;
+                    .map_err(|why| FenceError::at(FenceStep::Sever, why.into()))?;
             }
             let this = self.clone();
             let preempt = tokio::task::spawn_blocking(move || this.preempt(key))
@@ -350,7 +327,9 @@ impl Fencer for NvmeFencer {
 mod tests {
     use std::sync::Mutex;
 
-    use nvme_resv::{HostId, Register, RegisteredController, Release};
+    use std::sync::Arc;
+
+    use nvme_resv::{HostId, Register, RegisteredController, Release, ReservationStatus};
 
     use super::*;
     #[cfg(feature = "failpoints")]

@@ -367,7 +367,12 @@ impl Observer {
         }
     }
 
-    fn device_command<T>(&self, command: &'static str, d: Duration, r: &nvme_resv::Result<T>) {
+    pub(crate) fn device_command<T>(
+        &self,
+        command: &'static str,
+        d: Duration,
+        r: &nvme_resv::Result<T>,
+    ) {
         self.m()
             .device_seconds
             .get_or_create(&CommandLabels { command })
@@ -393,58 +398,6 @@ impl Observer {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &self.m().registry);
         out
-    }
-}
-
-/// A reservation device whose every command is timed and counted by status
-/// (`fenced_device_command_duration_seconds`, `fenced_device_commands_total`); the
-/// commands themselves pass through unchanged.
-pub struct ObservedDevice {
-    inner: crate::fencer::Device,
-    observer: Observer,
-}
-
-impl ObservedDevice {
-    /// `inner`, reporting to `observer`.
-    pub fn wrap(inner: crate::fencer::Device, observer: Observer) -> crate::fencer::Device {
-        Arc::new(Self { inner, observer })
-    }
-
-    fn timed<T>(
-        &self,
-        command: &'static str,
-        f: impl FnOnce() -> nvme_resv::Result<T>,
-    ) -> nvme_resv::Result<T> {
-        let t0 = Instant::now();
-        let r = f();
-        self.observer.device_command(command, t0.elapsed(), &r);
-        r
-    }
-}
-
-impl std::fmt::Debug for ObservedDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ObservedDevice").finish_non_exhaustive()
-    }
-}
-
-impl nvme_resv::Reservations for ObservedDevice {
-    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
-        self.timed("register", || self.inner.register(cmd))
-    }
-    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
-        self.timed("acquire", || self.inner.acquire(cmd))
-    }
-    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
-        self.timed("release", || self.inner.release(cmd))
-    }
-    fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
-        self.timed("report", || self.inner.report())
-    }
-    // Forwarded explicitly: the trait's default answers Unsupported, and a fencer whose
-    // device cannot identify itself refuses every fence (the namespace check).
-    fn identity(&self) -> nvme_resv::Result<nvme_resv::NamespaceIdentity> {
-        self.timed("identify", || self.inner.identity())
     }
 }
 

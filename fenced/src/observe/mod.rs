@@ -8,8 +8,8 @@
 //! responder on tokio (one `GET` per connection, `Connection: close`): three fixed
 //! paths do not need a web framework.
 //!
-//! One job per file: `metrics` (the Prometheus registry, what each report counts,
-//! and the [`ObservedDevice`] wrapper), `readiness` (task health, `/healthz`,
+//! One job per file: `metrics` (the Prometheus registry and what each report counts;
+//! the device wrapper that reports each command is `crate::device::ObservedDevice`), `readiness` (task health, `/healthz`,
 //! `/readyz` and the watchdog's condition), `http` (the endpoint) and `watchdog`
 //! (the systemd watchdog loop); here the [`Observer`] handle itself and its
 //! `STATUS=` line.
@@ -27,7 +27,7 @@ use crate::notify::Notifier;
 
 pub use http::serve;
 use metrics::Metrics;
-pub use metrics::{ObservedDevice, follow_endpoints};
+pub use metrics::follow_endpoints;
 pub use readiness::TaskGuard;
 pub use watchdog::watchdog_loop;
 
@@ -271,7 +271,10 @@ mod tests {
             ..NamespaceIdentity::default()
         };
         ns.set_identity(id.clone());
-        let dev = ObservedDevice::wrap(Arc::new(ns.host(HostId([0xa; 16]))), Observer::new());
+        let dev = crate::device::ObservedDevice::wrap(
+            Arc::new(ns.host(HostId([0xa; 16]))),
+            Observer::new(),
+        );
         assert_eq!(dev.identity().unwrap(), id);
     }
 
@@ -282,7 +285,8 @@ mod tests {
         };
         let o = Observer::new();
         let ns = nvme_resv::model::Namespace::new();
-        let dev = ObservedDevice::wrap(Arc::new(ns.host(HostId([0xa; 16]))), o.clone());
+        let dev =
+            crate::device::ObservedDevice::wrap(Arc::new(ns.host(HostId([0xa; 16]))), o.clone());
         let register = Register {
             rrega: RegisterAction::Register,
             crkey: Key(0),
@@ -296,7 +300,7 @@ mod tests {
         let e = dev
             .acquire(&Acquire {
                 racqa: AcquireAction::Acquire,
-                rtype: crate::fencer::RESERVATION_TYPE,
+                rtype: crate::device::RESERVATION_TYPE,
                 crkey: Key(8),
                 prkey: Key(0),
                 iekey: false,

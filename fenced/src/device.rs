@@ -1,5 +1,8 @@
-//! Fence only the cluster's namespace: before preempting, the NVMe fencer checks that
-//! its device is the namespace recorded at `<root>/namespace` by the first join.
+//! The reservation device, as the agent, the controller's fencer, `fenced attest` and
+//! the metrics see it: the [`Device`] handle, the [`RESERVATION_TYPE`] every node
+//! holds, the one "unregister our key and check it gone" step
+//! ([`unregister_checked`]), the check that a device is the cluster's shared namespace
+//! ([`NamespaceCheck`]), and the [`ObservedDevice`] wrapper that times every command.
 //!
 //! Device names move between boots. A controller whose device is another
 //! reservation-capable namespace would find the victim's key absent there and call the
@@ -9,12 +12,57 @@
 //! fence, not only at start.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Instant;
 
-use nvme_resv::NamespaceIdentity;
+use nvme_resv::{
+    Cptpl, Key, NamespaceIdentity, Register, RegisterAction, ReservationStatus, ReservationType,
+    Reservations,
+};
 
-use super::{BoxFuture, FenceCause};
+use crate::observe::Observer;
 use crate::store::EtcdStore;
+
+/// The reservation type the agents hold and the fencer preempts with: Write
+/// Exclusive - All Registrants. Every registrant may write, nobody else may: the same
+/// write semantics as Write Exclusive - Registrants Only, but with a property fencing
+/// needs. With a *Registrants Only* type, a preempt issued by the reservation holder
+/// itself only changes the type on Linux nvmet (`drivers/nvme/target/pr.c`,
+/// `nvmet_pr_preempt`: `holder == reg` returns before looking at PRKEY), so a
+/// controller that happens to be the holder could never remove a victim's key. With
+/// an *All Registrants* type, a preempt with a non-zero PRKEY unregisters that key
+/// whoever issues it (nvmet and NVMe Base 2.0 §8.19.7 agree), and the reservation
+/// survives any one registrant leaving.
+pub const RESERVATION_TYPE: ReservationType = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+
+/// The reservation device a fencer or agent talks to.
+pub type Device = Arc<dyn Reservations + Send + Sync>;
+
+/// Whether `key` is among the report's registrants: [`ReservationStatus::is_registered`]
+/// (kept for the agent's call sites).
+pub fn key_registered(status: &ReservationStatus, key: Key) -> bool {
+    status.is_registered(key)
+}
+
+/// Unregisters `key`, then reads a report: whether the key is *still* registered
+/// (`Ok(false)`: gone, and from then on the device refuses every write of this host,
+/// Write Exclusive - All Registrants). Blocking: call it on `spawn_blocking`. Used by
+/// a clean leave and by a start that failed after the register.
+pub fn unregister_checked(device: &Device, key: Key) -> nvme_resv::Result<bool> {
+    device.register(&Register {
+        rrega: RegisterAction::Unregister,
+        crkey: key,
+        nrkey: Key(0),
+        iekey: false,
+        cptpl: Cptpl::NoChange,
+    })?;
+    Ok(key_registered(&device.report()?, key))
+}
+
+/// A boxed, sendable future (the same type as `fencer::BoxFuture`).
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Where the fencer reads the recorded namespace at fence time.
 pub trait NamespaceRecord: Send + Sync + fmt::Debug {
@@ -26,6 +74,24 @@ impl NamespaceRecord for EtcdStore {
     fn recorded(&self) -> BoxFuture<'_, Result<Option<NamespaceIdentity>, String>> {
         Box::pin(async move { self.namespace_record().await.map_err(|e| e.to_string()) })
     }
+}
+
+/// Why a device is not (or cannot be shown to be) the cluster's shared namespace. The
+/// fencer reports it as `FenceCause::WrongNamespace` / `FenceCause::NamespaceRecord`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NamespaceMismatch {
+    /// The device is another namespace.
+    Wrong {
+        /// The recorded namespace.
+        expected: Box<NamespaceIdentity>,
+        /// Our device's.
+        found: Box<NamespaceIdentity>,
+    },
+    /// The recorded namespace could not be read.
+    Unreadable {
+        /// What failed.
+        message: String,
+    },
 }
 
 /// What the NVMe fencer compares its device with.
@@ -48,7 +114,7 @@ impl NamespaceCheck {
     }
 
     /// The identity the device must have: the record, else what we joined with.
-    pub async fn expected(&self) -> Result<NamespaceIdentity, FenceCause> {
+    pub async fn expected(&self) -> Result<NamespaceIdentity, NamespaceMismatch> {
         let Some(record) = &self.record else {
             return Ok(self.joined.clone());
         };
@@ -58,17 +124,17 @@ impl NamespaceCheck {
                 tracing::warn!(joined = %self.joined, "no namespace recorded any more: checking the device against the identity this daemon joined with");
                 Ok(self.joined.clone())
             }
-            Err(message) => Err(FenceCause::NamespaceRecord { message }),
+            Err(message) => Err(NamespaceMismatch::Unreadable { message }),
         }
     }
 
     /// `Ok` when `found` (the device's identity now) is the expected namespace.
-    pub async fn check(&self, found: NamespaceIdentity) -> Result<(), FenceCause> {
+    pub async fn check(&self, found: NamespaceIdentity) -> Result<(), NamespaceMismatch> {
         let expected = self.expected().await?;
         if expected.same_namespace(&found) {
             Ok(())
         } else {
-            Err(FenceCause::WrongNamespace {
+            Err(NamespaceMismatch::Wrong {
                 expected: Box::new(expected),
                 found: Box::new(found),
             })
@@ -85,9 +151,62 @@ pub fn other_ebs_volume(identity: &NamespaceIdentity, volume_id: &str) -> Option
     identity.ebs_volume_id().filter(|found| found != volume_id)
 }
 
+/// A reservation device whose every command is timed and counted by status
+/// (`fenced_device_command_duration_seconds`, `fenced_device_commands_total`); the
+/// commands themselves pass through unchanged.
+pub struct ObservedDevice {
+    inner: Device,
+    observer: Observer,
+}
+
+impl ObservedDevice {
+    /// `inner`, reporting to `observer`.
+    pub fn wrap(inner: Device, observer: Observer) -> Device {
+        Arc::new(Self { inner, observer })
+    }
+
+    fn timed<T>(
+        &self,
+        command: &'static str,
+        f: impl FnOnce() -> nvme_resv::Result<T>,
+    ) -> nvme_resv::Result<T> {
+        let t0 = Instant::now();
+        let r = f();
+        self.observer.device_command(command, t0.elapsed(), &r);
+        r
+    }
+}
+
+impl fmt::Debug for ObservedDevice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ObservedDevice").finish_non_exhaustive()
+    }
+}
+
+impl Reservations for ObservedDevice {
+    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
+        self.timed("register", || self.inner.register(cmd))
+    }
+    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
+        self.timed("acquire", || self.inner.acquire(cmd))
+    }
+    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
+        self.timed("release", || self.inner.release(cmd))
+    }
+    fn report(&self) -> nvme_resv::Result<ReservationStatus> {
+        self.timed("report", || self.inner.report())
+    }
+    // Forwarded explicitly: the trait's default answers Unsupported, and a fencer whose
+    // device cannot identify itself refuses every fence (the namespace check).
+    fn identity(&self) -> nvme_resv::Result<NamespaceIdentity> {
+        self.timed("identify", || self.inner.identity())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fencer::FenceCause;
 
     #[derive(Debug)]
     struct Fixed(Result<Option<NamespaceIdentity>, String>);
@@ -117,7 +236,7 @@ mod tests {
     #[tokio::test]
     async fn the_record_decides_then_the_joined_identity() {
         with(Ok(Some(id(2)))).check(id(2)).await.unwrap();
-        let e = with(Ok(Some(id(2)))).check(id(1)).await.unwrap_err();
+        let e = FenceCause::from(with(Ok(Some(id(2)))).check(id(1)).await.unwrap_err());
         assert!(
             matches!(&e, FenceCause::WrongNamespace { expected, found } if **expected == id(2) && **found == id(1)),
             "{e:?}"
@@ -161,10 +280,12 @@ mod tests {
 
     #[tokio::test]
     async fn an_unreadable_record_is_an_error_not_a_match() {
-        let e = with(Err("etcd unavailable".into()))
-            .check(id(1))
-            .await
-            .unwrap_err();
+        let e = FenceCause::from(
+            with(Err("etcd unavailable".into()))
+                .check(id(1))
+                .await
+                .unwrap_err(),
+        );
         assert!(matches!(e, FenceCause::NamespaceRecord { .. }), "{e:?}");
         assert!(e.to_string().contains("etcd unavailable"), "{e}");
     }
