@@ -221,11 +221,14 @@ async fn a_long_history_never_compacted_is_a_warning_until_etcd_compacts() {
     for i in 0..600 {
         c.put("/churn", i.to_string(), None).await.unwrap();
     }
+    let etcd_version = test_support::etcd::EtcdVersion::current().to_string();
     let check = |threshold: &str| {
         let o = fenced()
             .args(["check", "--root", ROOT])
             .args(["--etcd-endpoints", &etcd.endpoint()])
             .args(["--history-warning-revisions", threshold])
+            // This test is about history, not about the etcd release under it.
+            .args(["--accept-etcd-version", &etcd_version])
             .output()
             .unwrap();
         (o.status.code(), stdout(&o))

@@ -205,6 +205,9 @@ fn a_fenced_node_restarted_on_the_same_boot_is_refused_until_reboot_or_unfence()
             ROOT,
             "--etcd-endpoints",
             &etcd.endpoint(),
+            // Judged here: the records, not the etcd release under them.
+            "--accept-etcd-version",
+            &test_support::etcd::EtcdVersion::current().to_string(),
         ])
         .output()
         .unwrap();

@@ -36,6 +36,12 @@ pub struct CheckArgs {
     /// revisions (README: etcd compaction and quota).
     #[arg(long, default_value_t = HISTORY_WARNING_REVISIONS)]
     history_warning_revisions: i64,
+    /// Do not warn that this exact etcd version lacks the stalled-leader lease fix
+    /// (README: etcd versions), once you have read why and accepted the risk, e.g.
+    /// `3.4.23` on Debian 12. Any other version still warns, so an etcd upgrade or
+    /// downgrade is judged again.
+    #[arg(long, value_name = "VERSION")]
+    accept_etcd_version: Option<String>,
 }
 
 /// A check's result, ordered by severity.
@@ -204,6 +210,19 @@ pub fn verdict(
     (level, line.replace('\n', " "))
 }
 
+/// The WARNING for an etcd `version` that lacks the stalled-leader lease fix
+/// ([`fenced::store::lease_revocation_warning`], the same words `fenced run` logs),
+/// unless the operator accepted exactly this version.
+fn etcd_version_finding(version: &str, accepted: Option<&str>) -> Option<SpaceFinding> {
+    if accepted.is_some_and(|a| a.trim() == version.trim()) {
+        return None;
+    }
+    fenced::store::lease_revocation_warning(version).map(|text| SpaceFinding {
+        level: SpaceLevel::Warning,
+        text: format!("{text}; or, once accepted, --accept-etcd-version {version}"),
+    })
+}
+
 pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
     let t = Thresholds {
         owed_warning_ms: args.owed_warning_secs.saturating_mul(1000),
@@ -242,7 +261,14 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
     )
     .await;
     let space = match store.space_report().await {
-        Ok(r) => judge_space(&r, args.history_warning_revisions),
+        Ok(r) => {
+            let mut findings = judge_space(&r, args.history_warning_revisions);
+            findings.extend(etcd_version_finding(
+                &r.version,
+                args.accept_etcd_version.as_deref(),
+            ));
+            findings
+        }
         Err(e) => vec![SpaceFinding {
             level: SpaceLevel::Warning,
             text: format!(
@@ -289,6 +315,40 @@ mod tests {
         owed_critical_ms: 60_000,
         expect_members: Some(2),
     };
+
+    #[test]
+    fn an_etcd_without_the_lease_fix_warns_unless_that_version_is_accepted() {
+        let f = etcd_version_finding("3.4.23", None).expect("3.4.23 lacks the fix");
+        assert_eq!(f.level, SpaceLevel::Warning);
+        assert!(
+            f.text.starts_with("etcd 3.4.23 lacks the fix"),
+            "{}",
+            f.text
+        );
+        assert!(
+            f.text.ends_with("--accept-etcd-version 3.4.23"),
+            "{}",
+            f.text
+        );
+        assert_eq!(etcd_version_finding("3.4.23", Some("3.4.23")), None);
+        // Accepting one version says nothing about another.
+        assert!(etcd_version_finding("3.5.12", Some("3.4.23")).is_some());
+        // Fixed or unknown: nothing to say.
+        assert_eq!(etcd_version_finding("3.5.16", None), None);
+        assert_eq!(etcd_version_finding("", None), None);
+        // Through the verdict: one WARNING line that names the version.
+        let member = NodeRow {
+            member: true,
+            ..NodeRow::default()
+        };
+        let s = status(&[("n1", member.clone()), ("n2", member)]);
+        let (l, line) = verdict(&s, &[], &[f], T, 100_000);
+        assert_eq!(l, Level::Warning, "{line}");
+        assert!(
+            line.starts_with("FENCED WARNING - etcd 3.4.23 lacks"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn levels() {
