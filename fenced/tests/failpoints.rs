@@ -97,3 +97,120 @@ async fn a_fence_that_stalled_past_its_claim_does_not_sever_a_fresh_start() {
     a1.kill();
     scenario.teardown();
 }
+
+/// A fencer that records, when it is asked to sever, how long the claim on its victim
+/// has left by etcd's own count (LeaseTimeToLive of the claim's lease), then confirms.
+#[derive(Debug)]
+struct ClaimLeft {
+    store: fenced::store::EtcdStore,
+    seen: std::sync::Mutex<Vec<i64>>,
+}
+
+impl fenced::fencer::Fencer for ClaimLeft {
+    fn name(&self) -> &'static str {
+        "claim-left"
+    }
+    fn fence<'a>(
+        &'a self,
+        victim: &'a fenced::core::Victim,
+    ) -> fenced::fencer::BoxFuture<'a, Result<fenced::core::Confirmation, fenced::fencer::FenceError>>
+    {
+        Box::pin(async move {
+            let got = self
+                .store
+                .client()
+                .get(self.store.keys().claim(&victim.node), None)
+                .await
+                .unwrap();
+            let lease = got.kvs().first().expect("sever without a claim").lease();
+            let left = self.store.lease_ttl(lease).await.unwrap();
+            self.seen.lock().unwrap().push(left);
+            Ok(fenced::core::Confirmation {
+                fencer: "claim-left".into(),
+                severed: true,
+                evidence: format!("claim lease has {left} s left"),
+            })
+        })
+    }
+}
+
+/// Issue 26, hole 3, on real etcd: the sever is bounded by the claim's real time left.
+/// Claim TTL 8 s: claims refused for 1.5 s (the victim still a member; the spare lease
+/// ages, keeping its real grant time), then a won claim that stalls 2.5 s before the
+/// sever (less than the half TTL the old rule allowed from the claim). The lease then
+/// has about 4 s left, less than the 4 s a sever may take plus the 1 s margin: the
+/// sever must be refused, never run with too little left. The next fence (a fresh
+/// lease, no stall) severs with the budget covered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sever_never_runs_with_less_claim_left_than_it_may_take() {
+    use fenced::core::{ClaimBudget, FenceFailure, FenceState, FenceStep, Trigger, Victim};
+    let scenario = fail::FailScenario::setup();
+    let c = Cluster::new();
+    let ttl = Duration::from_secs(8);
+    let store = fenced::store::EtcdStore::connect(&[c.etcd.endpoint()], &c.root, ttl)
+        .await
+        .unwrap();
+    let budget = ClaimBudget::new(ttl);
+    let needed = i64::try_from((budget.sever() + budget.margin()).as_secs()).unwrap();
+    let fencer = std::sync::Arc::new(ClaimLeft {
+        store: store.clone(),
+        seen: Default::default(),
+    });
+    let ctl = fenced::controller::Controller::new(
+        store.clone(),
+        fencer.clone(),
+        c.controller_cfg("c-hole3"),
+    );
+    let n = node("n9");
+    let victim = Victim {
+        node: n.clone(),
+        instance: "i-n9".into(),
+    };
+    let member = store.keys().membership(&n);
+    store
+        .client()
+        .put(member.clone(), "i-n9", None)
+        .await
+        .unwrap();
+    let guard = fenced::store::ClaimGuard::Watch { deleted_rev: 1 };
+    let t0 = std::time::Instant::now();
+    let mut refused = 0;
+    while t0.elapsed() < Duration::from_millis(1500) {
+        let st = ctl.fence(victim.clone(), Trigger::Watch, guard).await;
+        assert!(matches!(st, FenceState::Skipped { .. }), "{st:?}");
+        refused += 1;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    store.client().delete(member, None).await.unwrap();
+    fail::cfg("fence::sever", "1*return(c-hole3=sleep:2500)").unwrap();
+    let st = ctl.fence(victim.clone(), Trigger::Watch, guard).await;
+    let seen = fencer.seen.lock().unwrap().clone();
+    eprintln!(
+        "after {refused} refused claims and a 2.5 s stall: {st:?}; claim left at the sever (s): {seen:?}"
+    );
+    assert!(
+        seen.iter().all(|&left| left >= needed),
+        "a sever ran with {seen:?} s left on its claim, less than the {needed} s a sever may take plus the margin (claim TTL {ttl:?})"
+    );
+    assert!(
+        matches!(
+            st,
+            FenceState::Failed {
+                step: FenceStep::Sever,
+                error: FenceFailure::ClaimMayHaveExpired { .. }
+            }
+        ),
+        "{st:?}"
+    );
+    assert_eq!(generation(&store, "n9").await, 0, "bumped without a sever");
+    // The fence stays owed; the next attempt takes a fresh lease and severs.
+    fail::remove("fence::sever");
+    let st = ctl.fence(victim, Trigger::Watch, guard).await;
+    assert!(matches!(st, FenceState::Fenced { generation: 1 }), "{st:?}");
+    let seen = fencer.seen.lock().unwrap().clone();
+    assert!(
+        seen.len() == 1 && seen[0] >= needed,
+        "claim left at the sever (s): {seen:?}"
+    );
+    scenario.teardown();
+}

@@ -168,8 +168,8 @@ pub struct Layer {
     #[arg(long, env = "FENCED_SELF_FENCE_MARGIN_SECS")]
     pub(crate) self_fence_margin_secs: Option<u64>,
     /// Fence claim TTL in seconds, longer than the longest fence: at least 3 (10 with
-    /// the NVMe fencer; more than the EBS fence deadline, 60 s, with EBS), at most 3600
-    /// (default: 120).
+    /// the NVMe fencer; 120, twice the EBS fence deadline of 60 s, with EBS), at most
+    /// 3600 (default: 120).
     #[arg(long, env = "FENCED_CLAIM_TTL_SECS")]
     pub(crate) claim_ttl_secs: Option<u64>,
     /// Reconciliation sweep period in seconds, 1 to 3600 (default: 30).

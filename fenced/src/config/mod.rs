@@ -145,8 +145,10 @@ impl Settings {
         };
         let (min_claim, why_claim) = match (fencer, ebs.volume_id.is_some()) {
             (_, true) if cfg!(feature = "ebs") => (
-                ebs_deadline_secs() + 1,
-                "longer than the EBS fence deadline, so a claim outlives the fence",
+                fenced::core::ClaimBudget::min_ttl_secs_for(Duration::from_secs(
+                    ebs_deadline_secs(),
+                )),
+                "twice the EBS fence deadline (60 s): a claim's lease may be a quarter TTL old when won, the sever starts up to an eighth later and an eighth is kept as margin, so the fence gets half, and a claim outlives it",
             ),
             (FencerKind::Nvme, _) => (
                 limits::MIN_NVME_CLAIM_TTL_SECS,
@@ -507,6 +509,31 @@ mod tests {
                 .starts_with("--claim-ttl-secs = 5: must be 10..="),
             "{e}"
         );
+        if cfg!(feature = "ebs") {
+            // Issue 26, hole 3: with EBS the claim must hold a spare's age, the time
+            // before the sever, the 60 s deadline and a margin: 90 s (more than the
+            // deadline) is refused at start, 120 s accepted.
+            let ebs = |ttl: &str| {
+                Settings::resolve(
+                    &cli(&[
+                        "--node-id",
+                        "n1",
+                        "--ebs-volume-id",
+                        "vol-1",
+                        "--claim-ttl-secs",
+                        ttl,
+                    ]),
+                    Layer::default(),
+                )
+            };
+            let e = ebs("90").unwrap_err();
+            assert!(
+                e.to_string()
+                    .starts_with("--claim-ttl-secs = 90: must be 120..="),
+                "{e}"
+            );
+            assert!(ebs("120").is_ok());
+        }
         // The boundaries themselves are accepted.
         let s = run(&[
             "--ttl-secs",
@@ -618,7 +645,7 @@ mod tests {
             ebs_endpoint_url = "http://127.0.0.1:5000"
             ttl_secs = 5
             self_fence_margin_secs = 9
-            claim_ttl_secs = 90
+            claim_ttl_secs = 150
             sweep_secs = 2
             arenas = 3
             watchdog_device = "/dev/watchdog"

@@ -9,7 +9,7 @@ use super::Controller;
 use crate::clock::unix_ms;
 use crate::core::{
     ClaimGuard, ClaimOutcome, Confirmation, FenceAction, FenceFailure, FenceRun, FenceState,
-    FenceStep, StepFailure, Trigger, Victim, check_claim_age, instance_or_unknown, retry_claim,
+    FenceStep, StepFailure, Trigger, Victim, instance_or_unknown, retry_claim,
 };
 use crate::fencer::{Fencer, fault, fault_scope};
 use crate::ports::FenceStore;
@@ -59,15 +59,15 @@ impl<S: FenceStore> Controller<S> {
         unreachable!("the loop returns")
     }
 
-    /// `sever` + `verify` through `fencer`, unless [`check_claim_age`] says the claim
-    /// taken at `claiming` (the start of the claim transaction) may have expired: then
-    /// the fence stays owed and whoever claims next decides again.
+    /// `sever` + `verify` through `fencer`, unless the run's claim lease is too old for
+    /// a sever to end before it expires ([`FenceRun::may_sever`]): then the fence stays
+    /// owed and whoever claims next decides again, with a fresh lease.
     async fn sever(
         &self,
         fencer: &dyn Fencer,
-        victim: &Victim,
-        claiming: Instant,
+        run: &FenceRun,
     ) -> Result<Confirmation, StepFailure> {
+        let victim = run.victim();
         let failed = |step, failure| StepFailure { step, failure };
         let lose = fault(FenceStep::Sever).await.map_err(|m| {
             failed(
@@ -77,9 +77,9 @@ impl<S: FenceStore> Controller<S> {
                 },
             )
         })?;
-        let held = claiming.elapsed();
-        if let Err(failure) = check_claim_age(held, self.store.claim_ttl()) {
-            tracing::warn!(step = "sever", node = %victim.node, claimed_ago = ?held, claim_ttl = ?self.store.claim_ttl(), "claim may have expired: not severing");
+        let ttl = self.store.claim_ttl();
+        if let Err(failure) = run.may_sever(Instant::now(), ttl) {
+            tracing::warn!(step = "sever", node = %victim.node, claim_ttl = ?ttl, error = %failure, "claim may expire before the sever ends: not severing");
             return Err(failed(FenceStep::Sever, failure));
         }
         let r = fencer.fence(victim).await.map_err(|e| {
@@ -151,9 +151,6 @@ impl<S: FenceStore> Controller<S> {
             fencer.name(),
             Instant::now(),
         );
-        // The claim's lease was granted at most a quarter TTL before this; it is never
-        // renewed.
-        let claiming = Instant::now();
         let as_failure = |e: StoreError| FenceFailure::Store {
             cause: e.to_string(),
         };
@@ -184,7 +181,7 @@ impl<S: FenceStore> Controller<S> {
                     run.on_claim(claimed.map_err(as_failure), Instant::now())
                 }
                 FenceAction::Sever => {
-                    let r = self.sever(fencer, &victim, claiming).await;
+                    let r = self.sever(fencer, &run).await;
                     run.on_sever(r, Instant::now(), unix_ms())
                 }
                 FenceAction::Finish {

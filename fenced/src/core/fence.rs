@@ -22,6 +22,10 @@ pub enum ClaimOutcome {
         claim_rev: i64,
         /// Arenas the victim owns, released by the bump when the fence is confirmed.
         arenas: Vec<String>,
+        /// When the claim's lease was granted, or a little earlier (the moment its
+        /// grant was asked): the claim lives at least its TTL from here. A spare lease
+        /// granted ahead may be up to [`ClaimBudget::spare_max_age`] old when won.
+        lease_granted: Instant,
     },
     /// Another controller holds the claim.
     Held {
@@ -89,12 +93,12 @@ pub enum FenceFailure {
         /// The store's error.
         cause: String,
     },
-    /// Not severed: the claim was taken `held` ago, more than half its TTL, so it may
-    /// have expired and the victim may have started afresh. Nothing was done to the
-    /// device.
+    /// Not severed: the claim's lease was granted `lease_age` ago, too long for the
+    /// longest sever ([`ClaimBudget::sever`]) and the margin to end before it expires;
+    /// after it the victim may have started afresh. Nothing was done to the device.
     ClaimMayHaveExpired {
-        /// Time since the claim transaction started.
-        held: Duration,
+        /// Time since the claim's lease was granted.
+        lease_age: Duration,
         /// The claim lease's TTL.
         ttl: Duration,
     },
@@ -116,10 +120,16 @@ impl fmt::Display for FenceFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Store { cause } => f.write_str(cause),
-            Self::ClaimMayHaveExpired { held, ttl } => write!(
-                f,
-                "not severed: claimed {held:?} ago, the claim (TTL {ttl:?}) may have expired"
-            ),
+            Self::ClaimMayHaveExpired { lease_age, ttl } => {
+                let b = ClaimBudget::new(*ttl);
+                write!(
+                    f,
+                    "not severed: the claim's lease was granted {lease_age:?} ago, more than {:?} (TTL {ttl:?}), so it could expire before a sever of up to {:?} and a margin of {:?} end; the fence stays owed",
+                    b.latest_sever_start(),
+                    b.sever(),
+                    b.margin()
+                )
+            }
             Self::Fencer { message } => f.write_str(message),
             Self::Injected { what } => f.write_str(what),
             Self::ClaimLost => f.write_str("claim lost before the bump (lease expired)"),
@@ -136,15 +146,94 @@ pub struct StepFailure {
     pub failure: FenceFailure,
 }
 
-/// Whether a controller that took its claim `held` ago (claim lease TTL `ttl`) may
-/// still sever. A controller that stalled between its claim and the preempt (CPU
-/// starvation, a paused process) must not preempt any more: once the claim is gone the
-/// victim may have started afresh and joined, and the preempt would sever the new,
-/// healthy incarnation (found by `tests/fault_schedules.rs`: a 3.4 s stall before
-/// `sever` with a 3 s claim TTL). Past half the TTL the fence stays owed.
-pub fn check_claim_age(held: Duration, ttl: Duration) -> Result<(), FenceFailure> {
-    if held > ttl / 2 {
-        Err(FenceFailure::ClaimMayHaveExpired { held, ttl })
+/// How a claim lease's TTL is shared out between what happens under the claim (issue
+/// 26, hole 3). The lease is never renewed and its TTL runs from its grant, not from
+/// the claim: a spare is granted ahead, so the claim that wins it may find it
+/// [`spare_max_age`](Self::spare_max_age) old; the claim transaction (and its retries)
+/// has [`before_sever`](Self::before_sever); the Fencer [`sever`](Self::sever) (every
+/// Fencer's deadline must fit in it: the EBS fencer's is checked at start); and
+/// [`margin`](Self::margin) is kept between the end of the longest sever and the
+/// lease's expiry (a detach the cloud applies a moment after its call, a host clock
+/// that runs slow against etcd's). The four add up to the TTL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClaimBudget {
+    ttl: Duration,
+}
+
+impl ClaimBudget {
+    /// The budget of a claim lease of `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self { ttl }
+    }
+
+    /// The claim lease's TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The oldest a spare lease may be when a claim takes it: a quarter of the TTL.
+    pub fn spare_max_age(&self) -> Duration {
+        self.ttl / 4
+    }
+
+    /// From taking the lease to the start of the sever, in the worst case: an eighth.
+    pub fn before_sever(&self) -> Duration {
+        self.ttl / 8
+    }
+
+    /// Kept between the end of the longest sever and the lease's expiry: an eighth.
+    pub fn margin(&self) -> Duration {
+        self.ttl / 8
+    }
+
+    /// The longest a sever may take: the rest, half the TTL.
+    pub fn sever(&self) -> Duration {
+        self.ttl
+            .saturating_sub(self.spare_max_age())
+            .saturating_sub(self.before_sever())
+            .saturating_sub(self.margin())
+    }
+
+    /// The oldest the claim's lease may be when the sever starts (three eighths).
+    pub fn latest_sever_start(&self) -> Duration {
+        self.spare_max_age() + self.before_sever()
+    }
+
+    /// Whether a Fencer whose sever ends within `deadline` fits the budget.
+    pub fn fits_sever(&self, deadline: Duration) -> bool {
+        !deadline.is_zero() && deadline <= self.sever()
+    }
+
+    /// The shortest claim TTL, in whole seconds (etcd's unit), whose budget fits a
+    /// sever of `deadline`.
+    pub fn min_ttl_secs_for(deadline: Duration) -> u64 {
+        let twice = deadline.saturating_mul(2);
+        let mut secs = twice.as_secs() + u64::from(twice.subsec_nanos() > 0);
+        while !Self::new(Duration::from_secs(secs)).fits_sever(deadline) {
+            secs += 1;
+        }
+        secs
+    }
+}
+
+/// Whether a controller whose claim's lease was granted `lease_age` ago (claim TTL
+/// `ttl`) may still sever: only while the longest sever and the margin end before the
+/// lease expires ([`ClaimBudget`]). Once the claim is gone the victim may have
+/// started afresh and joined, and the preempt would sever the new, healthy
+/// incarnation (found by `tests/fault_schedules.rs`: a 3.4 s stall before `sever`
+/// with a 3 s claim TTL). The age counts from the lease's grant, not from the claim:
+/// a spare granted ahead is already old when its claim wins (counted from the claim,
+/// a stall of half the TTL after a quarter-TTL-old spare left a quarter for a sever
+/// of up to half). Past it the fence stays owed and the next claim takes a fresh
+/// lease.
+///
+/// The age is this host's monotonic clock from before the grant was asked, so etcd's
+/// lease lives at least as long (it can only have been lengthened, by a leader
+/// change); asking etcd for the time left would add a round trip to every fence and
+/// could only allow more.
+pub fn check_claim_age(lease_age: Duration, ttl: Duration) -> Result<(), FenceFailure> {
+    if lease_age > ClaimBudget::new(ttl).latest_sever_start() {
+        Err(FenceFailure::ClaimMayHaveExpired { lease_age, ttl })
     } else {
         Ok(())
     }
@@ -236,8 +325,8 @@ pub enum FenceAction {
     /// fence-mark guard).
     ClaimIgnoringDeparture,
     /// We hold the claim (intent recorded, generation read); the device is untouched.
-    /// Check the claim's age ([`check_claim_age`]), then ask the Fencer to sever and
-    /// verify.
+    /// Check the claim lease's age ([`FenceRun::may_sever`]), then ask the Fencer to
+    /// sever and verify.
     Sever,
     /// The Fencer confirmed; we still hold the claim. Run the finishing transaction
     /// ([`FenceStep::finish_txn`]) with this audit record.
@@ -317,6 +406,8 @@ pub struct FenceRun {
     arenas: Vec<String>,
     /// `(generation_rev, claim_rev)` of the claim this run won.
     won: Option<(i64, i64)>,
+    /// When the won claim's lease was granted.
+    lease_granted: Option<Instant>,
     /// The claim was already retried with the departure marker ignored.
     departure_ignored: bool,
     signals: Vec<String>,
@@ -352,6 +443,7 @@ impl FenceRun {
             severed_at: None,
             arenas: Vec::new(),
             won: None,
+            lease_granted: None,
             departure_ignored: false,
             signals: vec![signal.to_owned()],
             steps: Vec::new(),
@@ -382,6 +474,16 @@ impl FenceRun {
     /// Whether this run won a claim (its pre-granted claim lease was used up).
     pub fn won_claim(&self) -> bool {
         self.won.is_some()
+    }
+
+    /// Whether the claim this run won may still be used to sever at `now`
+    /// ([`check_claim_age`] on its lease's age; claim TTL `ttl`). A run that won no
+    /// claim may not.
+    pub fn may_sever(&self, now: Instant, ttl: Duration) -> Result<(), FenceFailure> {
+        let Some(granted) = self.lease_granted else {
+            return Err(FenceFailure::ClaimLost);
+        };
+        check_claim_age(now.saturating_duration_since(granted), ttl)
     }
 
     /// The claim transaction returned `outcome` (or failed).
@@ -431,7 +533,9 @@ impl FenceRun {
                 generation_rev,
                 claim_rev,
                 arenas,
+                lease_granted,
             }) => {
+                self.lease_granted = Some(lease_granted);
                 self.steps
                     .extend_from_slice(FenceStep::claim_txn(self.trigger));
                 self.claimed_at = Some(now);

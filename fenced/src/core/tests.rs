@@ -19,6 +19,7 @@ fn won(generation: u64) -> ClaimOutcome {
         generation_rev: 5,
         claim_rev: 9,
         arenas: vec!["a1".into()],
+        lease_granted: Instant::now(),
     }
 }
 
@@ -230,11 +231,87 @@ fn lease_reading_feeds_the_watchdog() {
 #[test]
 fn a_stale_claim_does_not_sever() {
     let ttl = Duration::from_secs(3);
-    assert_eq!(check_claim_age(Duration::from_millis(1500), ttl), Ok(()));
-    let held = Duration::from_millis(1501);
-    let e = check_claim_age(held, ttl).unwrap_err();
-    assert_eq!(e, FenceFailure::ClaimMayHaveExpired { held, ttl });
-    assert!(e.to_string().starts_with("not severed: claimed 1.501s ago"));
+    // Three eighths of the TTL: the oldest a claim's lease may be when the sever starts.
+    assert_eq!(check_claim_age(Duration::from_millis(1125), ttl), Ok(()));
+    let lease_age = Duration::from_millis(1126);
+    let e = check_claim_age(lease_age, ttl).unwrap_err();
+    assert_eq!(e, FenceFailure::ClaimMayHaveExpired { lease_age, ttl });
+    assert!(
+        e.to_string().starts_with(
+            "not severed: the claim's lease was granted 1.126s ago, more than 1.125s (TTL 3s)"
+        ),
+        "{e}"
+    );
+}
+
+/// The claim TTL is shared out between the spare's age, the time before the sever,
+/// the sever and a margin, which add up to the TTL; a Fencer's deadline fits only
+/// within the sever's share.
+#[test]
+fn the_claim_budget_adds_up_to_the_ttl() {
+    for ttl in [3, 10, 90, 120, 3600].map(Duration::from_secs) {
+        let b = ClaimBudget::new(ttl);
+        assert_eq!(
+            b.spare_max_age() + b.before_sever() + b.sever() + b.margin(),
+            ttl
+        );
+        assert_eq!(b.latest_sever_start() + b.sever() + b.margin(), ttl);
+        assert!(b.fits_sever(b.sever()));
+        assert!(!b.fits_sever(b.sever() + Duration::from_millis(1)));
+        assert!(!b.fits_sever(Duration::ZERO));
+    }
+    let b = ClaimBudget::new(Duration::from_secs(120));
+    assert_eq!(
+        (b.spare_max_age(), b.before_sever(), b.sever(), b.margin()),
+        (
+            Duration::from_secs(30),
+            Duration::from_secs(15),
+            Duration::from_secs(60),
+            Duration::from_secs(15)
+        )
+    );
+    assert_eq!(ClaimBudget::min_ttl_secs_for(Duration::from_secs(60)), 120);
+    assert_eq!(
+        ClaimBudget::min_ttl_secs_for(Duration::from_millis(1500)),
+        3
+    );
+    assert_eq!(
+        ClaimBudget::min_ttl_secs_for(Duration::from_millis(1501)),
+        4
+    );
+}
+
+/// Issue 26, hole 3: the sever is bounded by the claim lease's age since its grant,
+/// not since the claim. A spare a quarter TTL old when the claim is won, then a stall
+/// of a third of the TTL (less than the half the old rule allowed from the claim):
+/// the lease has less than the sever and the margin left, so no sever.
+#[test]
+fn a_claim_won_on_an_old_spare_does_not_sever_after_a_stall() {
+    let ttl = Duration::from_secs(120);
+    let granted = Instant::now();
+    let claimed = granted + ttl / 4;
+    let (mut run, _) = FenceRun::new(victim(), Trigger::Watch, "c1", "nvme", claimed);
+    let outcome = ClaimOutcome::Won {
+        generation: 0,
+        generation_rev: 0,
+        claim_rev: 9,
+        arenas: vec![],
+        lease_granted: granted,
+    };
+    assert_eq!(run.on_claim(Ok(outcome), claimed), FenceAction::Sever);
+    assert_eq!(run.may_sever(claimed, ttl), Ok(()));
+    assert_eq!(run.may_sever(claimed + ttl / 8, ttl), Ok(()));
+    let stalled = claimed + ttl / 3;
+    assert_eq!(
+        run.may_sever(stalled, ttl),
+        Err(FenceFailure::ClaimMayHaveExpired {
+            lease_age: ttl / 4 + ttl / 3,
+            ttl
+        })
+    );
+    // A run that won no claim never severs.
+    let (fresh, _) = FenceRun::new(victim(), Trigger::Watch, "c1", "nvme", claimed);
+    assert!(fresh.may_sever(claimed, ttl).is_err());
 }
 
 #[test]

@@ -257,6 +257,7 @@ impl FenceStore for MemStore {
                 generation_rev,
                 claim_rev: rev,
                 arenas,
+                lease_granted: std::time::Instant::now(),
             });
         }
         let facts = ClaimFacts {

@@ -9,7 +9,7 @@ use super::{
     EtcdStore, Result, absent, count, id_text, kvs, parse_u64, prefix_keys_only, revision,
 };
 pub use crate::core::ClaimGuard;
-use crate::core::{BumpOutcome, ClaimFacts, ClaimOutcome, Victim, claim_outcome};
+use crate::core::{BumpOutcome, ClaimBudget, ClaimFacts, ClaimOutcome, Victim, claim_outcome};
 use crate::keys::Keys;
 use crate::node::NodeId;
 
@@ -57,6 +57,7 @@ fn won(
     generation: &TxnOpResponse,
     arenas: &TxnOpResponse,
     claim_rev: i64,
+    lease_granted: Instant,
 ) -> Result<ClaimOutcome> {
     let (generation, generation_rev) = match kvs(generation).first() {
         Some(kv) => (parse_u64(kv)?, kv.mod_revision()),
@@ -71,17 +72,19 @@ fn won(
         generation_rev,
         claim_rev,
         arenas,
+        lease_granted,
     })
 }
 
 impl EtcdStore {
     /// Makes sure a fresh spare lease is ready for the next claim (off the critical
-    /// path). A spare older than a quarter of the claim TTL is replaced, so a claim
-    /// always has at least three quarters of its TTL left. A spare's age is counted
+    /// path). A spare older than [`ClaimBudget::spare_max_age`] (a quarter of the
+    /// claim TTL) is replaced, so a claim always has at least three quarters of its
+    /// TTL left when it is won. A spare's age is counted
     /// from before its grant was asked (the lease's TTL runs from the grant on the
     /// server) and is never reset: a spare put back after a refused claim keeps it.
     pub async fn prepare_claim_lease(&self) -> Result<()> {
-        let max_age = self.claim_ttl / 4;
+        let max_age = ClaimBudget::new(self.claim_ttl).spare_max_age();
         {
             let spare = self.spare.lock().await;
             if let Some((_, at)) = *spare
@@ -97,11 +100,15 @@ impl EtcdStore {
     }
 
     /// A lease for a claim and when its grant was asked: the spare while younger than
-    /// a quarter of the claim TTL, else a new one.
+    /// [`ClaimBudget::spare_max_age`], else a new one.
     async fn take_claim_lease(&self) -> Result<(i64, Instant)> {
         let taken = self.spare.lock().await.take();
         match taken {
-            Some((lease, at)) if at.elapsed() < self.claim_ttl / 4 => Ok((lease, at)),
+            Some((lease, at))
+                if at.elapsed() < ClaimBudget::new(self.claim_ttl).spare_max_age() =>
+            {
+                Ok((lease, at))
+            }
             _ => {
                 let asked = Instant::now();
                 Ok((self.grant(self.claim_ttl).await?, asked))
@@ -123,7 +130,7 @@ impl EtcdStore {
         let (resp, attempt) = self.send_claim(n, controller, txn).await?;
         let ops = resp.op_responses();
         if resp.succeeded() {
-            return won(k, &ops[2], &ops[3], revision(&resp));
+            return won(k, &ops[2], &ops[3], revision(&resp), granted);
         }
         if let Some(kv) = kvs(&ops[0]).first()
             && attempt > 1
@@ -133,12 +140,13 @@ impl EtcdStore {
             // generation bump and an arena change need this claim or the victim's
             // membership, which a join cannot take while the claim exists.
             tracing::info!(step = "claim", node = %n, attempt, "an earlier claim attempt whose answer was lost had landed: the claim is ours");
-            return won(k, &ops[5], &ops[3], kv.create_revision());
+            return won(k, &ops[5], &ops[3], kv.create_revision(), granted);
         }
         // The lease was not used: keep it as the spare, with its real age (issue 26,
         // hole 3: restamped here, a lease refused claim after refused claim grew old
         // while looking fresh, so a won claim could expire before the sever that
-        // `check_claim_age` allowed).
+        // `check_claim_age` allowed; the controller now counts the lease's age from
+        // `granted`, returned with a won claim).
         *self.spare.lock().await = Some((lease, granted));
         Ok(not_won(&ops, guard))
     }

@@ -17,8 +17,10 @@
 //!   attachments: [`EbsError::UnknownAttachment`]. `detaching`, `attached` and `busy` are
 //!   not severed; a malformed answer is retried, never read as "no attachments".
 //! - **Bounded.** The whole fence (detach, polls, backoff, every HTTP attempt) ends by
-//!   [`PollLimits::deadline`] (default 60 s), which must stay below the fence-claim TTL
-//!   (120 s) so that a claim never expires under a live fencer. Running out of time is
+//!   [`PollLimits::deadline`] (default 60 s), which must fit the fence-claim TTL's
+//!   budget for a sever (half of it: 60 s of the default 120 s; see
+//!   [`ClaimBudget`](crate::core::ClaimBudget)) so that a claim never expires under a
+//!   live fencer. Running out of time is
 //!   [`EbsError::Unconfirmed`]: nothing is bumped, the intent stays owed, the sweep retries.
 //! - **Idempotent.** An already-detached volume is a confirmed fence: `DetachVolume`
 //!   answering "not attached" (`IncorrectState`, `InvalidAttachment.NotFound`) or
@@ -52,7 +54,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::core::{Confirmation, Victim};
+use crate::core::{ClaimBudget, Confirmation, Victim};
 use crate::fencer::{BoxFuture, FenceError, Fencer};
 use crate::node::NodeId;
 use crate::store::EtcdStore;
@@ -187,7 +189,8 @@ pub fn is_instance_id(id: &str) -> bool {
 /// Timing of one fence.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PollLimits {
-    /// Bound on the whole fence (default 60 s; must stay below the fence-claim TTL).
+    /// Bound on the whole fence (default 60 s; at most half the fence-claim TTL:
+    /// [`ClaimBudget::sever`]).
     pub deadline: Duration,
     /// First wait between two `DescribeVolumes` polls (doubles up to `max_backoff`).
     pub first_backoff: Duration,
@@ -211,9 +214,12 @@ impl Default for PollLimits {
 
 impl PollLimits {
     /// Checks the limits against the fence-claim TTL: a claim must outlive the fence.
+    /// Not only the deadline counts: the claim's lease may be a spare granted up to a
+    /// quarter TTL before the claim, and the sever starts a moment after the claim, so
+    /// the deadline must fit [`ClaimBudget::sever`] (half the TTL), or a claim could
+    /// expire mid-sever (issue 26, hole 3).
     pub fn check(&self, claim_ttl: Duration) -> Result<(), EbsError> {
-        let ok = !self.deadline.is_zero()
-            && self.deadline < claim_ttl
+        let ok = ClaimBudget::new(claim_ttl).fits_sever(self.deadline)
             && !self.first_backoff.is_zero()
             && self.first_backoff <= self.max_backoff;
         if ok {
@@ -972,5 +978,47 @@ mod tests {
             ..PollLimits::default()
         };
         assert!(zero.check(ttl).is_err());
+        let backoff = PollLimits {
+            first_backoff: Duration::from_secs(5),
+            ..PollLimits::default()
+        };
+        assert!(
+            backoff
+                .check(ttl)
+                .unwrap_err()
+                .to_string()
+                .contains("backoff")
+        );
+    }
+
+    /// Issue 26, hole 3: the deadline is not the only time the claim must cover. Its
+    /// lease may be a spare granted a quarter TTL before the claim, and the sever starts
+    /// after the claim transaction: the default 60 s deadline with a claim TTL of 90 s
+    /// passed `deadline < claim_ttl`, and a claim won on a 22 s old spare, severing 8 s
+    /// later, expired mid-sever. Refused at start, naming the values to change.
+    #[test]
+    fn a_deadline_that_could_outlive_the_claim_is_refused_with_what_to_change() {
+        let limits = PollLimits::default();
+        let e = limits.check(Duration::from_secs(90)).unwrap_err();
+        let msg = e.to_string();
+        assert!(matches!(e, EbsError::BadLimits { .. }), "{e:?}");
+        for part in [
+            "EBS fence deadline 60s does not fit the fence-claim TTL 90s",
+            "22.5s old",
+            "leaves 45s for the sever",
+            "--claim-ttl-secs to at least 120 s",
+            "lower the EBS deadline to at most 45s",
+        ] {
+            assert!(msg.contains(part), "{part:?} not in {msg}");
+        }
+        // The smallest TTL that fits is accepted, one second less is not.
+        assert!(limits.check(Duration::from_secs(120)).is_ok());
+        assert!(limits.check(Duration::from_secs(119)).is_err());
+        let odd = PollLimits {
+            deadline: Duration::from_millis(2_500),
+            ..limits
+        };
+        assert!(odd.check(Duration::from_secs(5)).is_ok());
+        assert!(odd.check(Duration::from_secs(4)).is_err());
     }
 }
