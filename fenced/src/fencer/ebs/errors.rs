@@ -382,6 +382,30 @@ impl From<EbsError> for FenceError {
     }
 }
 
+/// Why `limits` are refused with a claim TTL of `claim_ttl`, and what to change.
+fn bad_limits(limits: &PollLimits, claim_ttl: Duration) -> String {
+    let b = crate::core::ClaimBudget::new(claim_ttl);
+    if limits.deadline.is_zero() {
+        "EBS fence deadline is zero: a fence needs time to detach and poll; give it a positive deadline (default 60 s)".to_owned()
+    } else if !b.fits_sever(limits.deadline) {
+        format!(
+            "EBS fence deadline {:?} does not fit the fence-claim TTL {claim_ttl:?}: a claim's lease may be {:?} old when the claim is won (a spare granted ahead), the sever may start up to {:?} after that, and {:?} are kept before the lease expires, which leaves {:?} for the sever; a longer one could outlive the claim, and the victim could rejoin before the detach lands. Raise --claim-ttl-secs to at least {} s, or lower the EBS deadline to at most {:?}",
+            limits.deadline,
+            b.spare_max_age(),
+            b.before_sever(),
+            b.margin(),
+            b.sever(),
+            crate::core::ClaimBudget::min_ttl_secs_for(limits.deadline),
+            b.sever(),
+        )
+    } else {
+        format!(
+            "EBS fence poll backoff invalid: the first wait {:?} must be non-zero and at most the longest {:?}",
+            limits.first_backoff, limits.max_backoff
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -460,29 +484,5 @@ mod tests {
                 assert!(matches!(judge(k), Err(EbsError::Rejected { .. })), "{k:?}");
             }
         }
-    }
-}
-
-/// Why `limits` are refused with a claim TTL of `claim_ttl`, and what to change.
-fn bad_limits(limits: &PollLimits, claim_ttl: Duration) -> String {
-    let b = crate::core::ClaimBudget::new(claim_ttl);
-    if limits.deadline.is_zero() {
-        "EBS fence deadline is zero: a fence needs time to detach and poll; give it a positive deadline (default 60 s)".to_owned()
-    } else if !b.fits_sever(limits.deadline) {
-        format!(
-            "EBS fence deadline {:?} does not fit the fence-claim TTL {claim_ttl:?}: a claim's lease may be {:?} old when the claim is won (a spare granted ahead), the sever may start up to {:?} after that, and {:?} are kept before the lease expires, which leaves {:?} for the sever; a longer one could outlive the claim, and the victim could rejoin before the detach lands. Raise --claim-ttl-secs to at least {} s, or lower the EBS deadline to at most {:?}",
-            limits.deadline,
-            b.spare_max_age(),
-            b.before_sever(),
-            b.margin(),
-            b.sever(),
-            crate::core::ClaimBudget::min_ttl_secs_for(limits.deadline),
-            b.sever(),
-        )
-    } else {
-        format!(
-            "EBS fence poll backoff invalid: the first wait {:?} must be non-zero and at most the longest {:?}",
-            limits.first_backoff, limits.max_backoff
-        )
     }
 }
