@@ -204,6 +204,9 @@ join_node() { # N
   for attempt in 1 2 3; do
     start_node "$1"
     wait_for 240 node_online "$1" && return 0
+    # crmd online but the join not yet confirmed: one last look before the restart
+    sleep 15
+    node_online "$1" && return 0
     say "node$1 not online after 240 s (attempt $attempt; $(states)): restarting its stack"
     grep -a -E 'staying down|unresponsive' /tmp/cluster/node$1/log/pacemaker.log 2>/dev/null | tail -n 3 | cut -c1-200
     kill_node "$1"
