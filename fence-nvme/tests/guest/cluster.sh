@@ -11,8 +11,8 @@
 #      canary clone (nvme-canary: records at each start whether its node's key is
 #      registered) are configured; every node is unfenced automatically (its key on the
 #      namespace) and the canary found its key at every start
-#   2. per failure kind (corosync killed; the node's veth down while its writer keeps
-#      running), CLUSTER_RUNS times: Pacemaker fences the writer's node through
+#   2. per failure kind (the node's veth down while its writer keeps running; its corosync
+#      killed; CLUSTER_KINDS), CLUSTER_RUNS times: Pacemaker fences the writer's node through
 #      fence_nvme by itself, the failed node's writer gets EBADE and never writes again,
 #      the writer starts on a survivor; timings failure -> fence confirmed -> writer
 #      running elsewhere. The node then comes back (its namespaces' processes killed,
@@ -78,7 +78,7 @@ until_() { # seconds what cmd...: polls every $POLL seconds (the timings come fr
 ip() { /usr/local/bin/ip "$@"; }
 [ -x /usr/local/bin/ip ] || { echo "cluster: no /usr/local/bin/ip (run-cluster adds it)"; exit 1; }
 RUNS=${CLUSTER_RUNS:-1}
-KINDS=${CLUSTER_KINDS:-corosync-killed network-cut}
+KINDS=${CLUSTER_KINDS:-network-cut corosync-killed}
 for k in $KINDS; do
   case $k in corosync-killed|network-cut) ;; *) echo "cluster: unknown failure kind '$k' in CLUSTER_KINDS"; exit 1 ;; esac
 done
