@@ -7,6 +7,7 @@
 //! is the protocol API other tools link against.
 
 mod config;
+mod connect;
 mod control;
 mod daemon;
 mod generate;

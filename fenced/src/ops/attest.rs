@@ -28,7 +28,7 @@ use nvme_resv::Key;
 
 use super::OpError;
 use crate::config::{EtcdArgs, PreemptArg};
-use crate::daemon::{DaemonError, open_device};
+use crate::connect::{OpenError, open_device};
 
 #[derive(Debug, clap::Args)]
 pub struct AttestArgs {
@@ -103,7 +103,7 @@ pub enum AttestError {
     #[error("refusing to fence {node} from its own host (--own-node-id is the node attested)")]
     OwnNode { node: NodeId },
     #[error(transparent)]
-    Device(#[from] DaemonError),
+    Device(#[from] OpenError),
     #[error(
         "refusing to preempt from {}: this host's key {:#x} (node {own}) is not registered on it; run attest on a host whose fenced daemon is running with this device",
         path.display(),

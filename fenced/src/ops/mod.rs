@@ -19,7 +19,7 @@ use std::time::Duration;
 use fenced::store::{EtcdStore, StoreError, StoreOptions};
 
 use crate::config::{self, ConfigError, EtcdArgs, EtcdSettings};
-use crate::daemon::{self, ConnectError};
+use crate::connect::ConnectError;
 
 /// How long `status`, `probe` and `attest` wait for etcd before reporting it
 /// unreachable.
@@ -66,7 +66,7 @@ async fn connect(etcd: &EtcdArgs) -> Result<EtcdStore, OpError> {
     let file = config::load_file(etcd.config_path().as_deref())?;
     let settings = EtcdSettings::resolve(etcd, &file)?;
     let wait = config::command_wait(CLI_ETCD_WAIT)?;
-    Ok(daemon::connect(
+    Ok(crate::connect::connect(
         &settings,
         CLI_CLAIM_TTL,
         &StoreOptions::default(),
