@@ -95,32 +95,21 @@ async fn a_membership_deleted_and_created_again_by_someone_else_self_fences() {
     assert!(a.gate.is_fenced());
 }
 
-/// Forwards to a model host; the first report blocks until the test lets it go.
+/// The first report blocks until the test lets it go.
 #[derive(Debug)]
 struct FirstReportBlocks {
-    host: device::Host,
     reached: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
     go: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
-impl nvme_resv::Reservations for FirstReportBlocks {
-    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
-        self.host.register(cmd)
-    }
-    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
-        self.host.acquire(cmd)
-    }
-    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
-        self.host.release(cmd)
-    }
-    fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
+impl device::BeforeReport for FirstReportBlocks {
+    fn before_report(&self) {
         if let Some(reached) = self.reached.lock().unwrap().take() {
             let _ = reached.send(());
             if let Some(go) = self.go.lock().unwrap().take() {
                 let _ = go.recv_timeout(Duration::from_secs(20));
             }
         }
-        self.host.report()
     }
 }
 
@@ -134,10 +123,12 @@ async fn a_start_that_loses_its_membership_after_registering_unregisters() {
     let store = c.store_with_arenas(&["a1"]).await;
     let (reached_tx, reached_rx) = std::sync::mpsc::channel();
     let (go_tx, go_rx) = std::sync::mpsc::channel();
-    let dev = std::sync::Arc::new(FirstReportBlocks {
+    let dev = std::sync::Arc::new(device::Forwarding {
         host: c.host("n1"),
-        reached: std::sync::Mutex::new(Some(reached_tx)),
-        go: std::sync::Mutex::new(Some(go_rx)),
+        hook: FirstReportBlocks {
+            reached: std::sync::Mutex::new(Some(reached_tx)),
+            go: std::sync::Mutex::new(Some(go_rx)),
+        },
     });
     let start = tokio::spawn(Agent::start(
         c.store().await,
@@ -170,27 +161,17 @@ async fn a_start_that_loses_its_membership_after_registering_unregisters() {
     );
 }
 
-/// Forwards to a model host; once `hang` is set, a report blocks (a hung NVMe path,
-/// multipath queueing with no path) until the test ends.
+/// Once `hang` is set, a report blocks (a hung NVMe path, multipath queueing with no
+/// path) until the test ends.
 #[derive(Debug)]
 struct HangsOnDemand {
-    host: device::Host,
     hang: std::sync::atomic::AtomicBool,
     reached: std::sync::Mutex<Option<std::sync::mpsc::Sender<()>>>,
     release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
 }
 
-impl nvme_resv::Reservations for HangsOnDemand {
-    fn register(&self, cmd: &nvme_resv::Register) -> nvme_resv::Result<()> {
-        self.host.register(cmd)
-    }
-    fn acquire(&self, cmd: &nvme_resv::Acquire) -> nvme_resv::Result<()> {
-        self.host.acquire(cmd)
-    }
-    fn release(&self, cmd: &nvme_resv::Release) -> nvme_resv::Result<()> {
-        self.host.release(cmd)
-    }
-    fn report(&self) -> nvme_resv::Result<nvme_resv::ReservationStatus> {
+impl device::BeforeReport for HangsOnDemand {
+    fn before_report(&self) {
         if self.hang.load(std::sync::atomic::Ordering::SeqCst) {
             if let Some(reached) = self.reached.lock().unwrap().take() {
                 let _ = reached.send(());
@@ -202,7 +183,6 @@ impl nvme_resv::Reservations for HangsOnDemand {
                 .unwrap()
                 .recv_timeout(Duration::from_secs(60));
         }
-        self.host.report()
     }
 }
 
@@ -217,11 +197,13 @@ async fn a_hung_device_does_not_hold_up_the_self_fence() {
     let store = c.store().await;
     let (reached_tx, reached_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let dev = std::sync::Arc::new(HangsOnDemand {
+    let dev = std::sync::Arc::new(device::Forwarding {
         host: c.host("n1"),
-        hang: std::sync::atomic::AtomicBool::new(false),
-        reached: std::sync::Mutex::new(Some(reached_tx)),
-        release: std::sync::Mutex::new(release_rx),
+        hook: HangsOnDemand {
+            hang: std::sync::atomic::AtomicBool::new(false),
+            reached: std::sync::Mutex::new(Some(reached_tx)),
+            release: std::sync::Mutex::new(release_rx),
+        },
     });
     let agent = Agent::start(
         c.store().await,
@@ -233,7 +215,9 @@ async fn a_hung_device_does_not_hold_up_the_self_fence() {
     .expect("agent start");
     let a = RunningAgent::spawn(agent);
     wait_members(&store, &["n1"]).await;
-    dev.hang.store(true, std::sync::atomic::Ordering::SeqCst);
+    dev.hook
+        .hang
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     tokio::task::spawn_blocking(move || reached_rx.recv_timeout(Duration::from_secs(10)))
         .await
         .unwrap()
