@@ -117,9 +117,18 @@ struct RegisterArgs {
     /// Ignore Existing Key: do not check --crkey.
     #[arg(short = 'i', long)]
     iekey: bool,
-    /// Change Persist Through Power Loss State: 0 no change, 2 clear, 3 persist.
+    /// Change Persist Through Power Loss State: 0 no change, 2 clear, 3 persist, or
+    /// auto: 3 when the namespace reports PTPL support (RESCAP bit 0), else 0 (what
+    /// fenced registers with).
     #[arg(short = 'p', long, default_value = "0", value_parser = parse_cptpl)]
-    cptpl: Cptpl,
+    cptpl: CptplArg,
+}
+
+/// `--cptpl`: a CPTPL value, or `auto` (decided from the namespace's RESCAP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CptplArg {
+    Set(Cptpl),
+    Auto,
 }
 
 #[derive(Debug, Args)]
@@ -274,11 +283,15 @@ fn parse_rrela(s: &str) -> Result<ReleaseAction, String> {
     a.ok_or_else(|| format!("{s:?}: use 0|release, 1|clear"))
 }
 
-fn parse_cptpl(s: &str) -> Result<Cptpl, String> {
-    let v =
-        small(s, 3)?.ok_or_else(|| format!("{s:?}: use 0 (no change), 2 (clear), 3 (persist)"))?;
+fn parse_cptpl(s: &str) -> Result<CptplArg, String> {
+    const USE: &str = "use 0 (no change), 2 (clear), 3 (persist) or auto";
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(CptplArg::Auto);
+    }
+    let v = small(s, 3)?.ok_or_else(|| format!("{s:?}: {USE}"))?;
     Cptpl::from_cptpl(v)
-        .ok_or_else(|| format!("{v} is reserved: use 0 (no change), 2 (clear), 3 (persist)"))
+        .map(CptplArg::Set)
+        .ok_or_else(|| format!("{v} is reserved: {USE}"))
 }
 
 fn print_report(dev: &std::path::Path, ns: &Namespace, st: &ReservationStatus) {
@@ -323,16 +336,33 @@ fn run(cli: Cli) -> Result<(), (Error, Option<PathBuf>)> {
         // Handled by `main` before `run`: it writes files, not a device.
         Verb::Generate { .. } => {}
         Verb::Register(a) => {
-            let cmd = Register {
+            let mut cmd = Register {
                 rrega: a.rrega,
                 crkey: a.crkey,
                 nrkey: a.nrkey,
                 iekey: a.iekey,
-                cptpl: a.cptpl,
+                cptpl: match a.cptpl {
+                    CptplArg::Set(c) => c,
+                    CptplArg::Auto => Cptpl::NoChange,
+                },
             };
             // Refuse a zero key before touching the device.
             cmd.validate().map_err(with(&a.device))?;
             let ns = Namespace::open(&a.device).map_err(with(&a.device))?;
+            if a.cptpl == CptplArg::Auto {
+                let caps = ns.capabilities().map_err(with(&a.device))?;
+                cmd.cptpl = caps.register_cptpl();
+                eprintln!(
+                    "{}: {}",
+                    a.device.display(),
+                    if caps.ptpl {
+                        "PTPL supported (RESCAP bit 0): registering with CPTPL 3 (persist)"
+                    } else {
+                        "no PTPL support (RESCAP bit 0 clear): registering with CPTPL 0; \
+                         registrations and the reservation are lost when the target restarts"
+                    }
+                );
+            }
             ns.register(&cmd).map_err(with(&a.device))?;
             println!(
                 "{}: {:?} done (nsid {})",
@@ -654,8 +684,9 @@ mod tests {
         assert!(parse_racqa("3").is_err());
         assert_eq!(parse_rrega("replace"), Ok(RegisterAction::Replace));
         assert_eq!(parse_rrela("1"), Ok(ReleaseAction::Clear));
-        assert_eq!(parse_cptpl("3"), Ok(Cptpl::Persist));
-        assert!(parse_cptpl("1").is_err());
+        assert_eq!(parse_cptpl("3"), Ok(CptplArg::Set(Cptpl::Persist)));
+        assert_eq!(parse_cptpl("AUTO"), Ok(CptplArg::Auto));
+        assert!(parse_cptpl("1").is_err() && parse_cptpl("persist").is_err());
     }
 
     #[test]

@@ -6,7 +6,15 @@
 //!
 //! - Registrants are kept per host identifier, in registration order; the report
 //!   lists them in that order with controller ID 0xFFFF (dynamic controller model) and
-//!   PTPLS 0. CPTPL is accepted and ignored (state is volatile).
+//!   PTPLS 0. CPTPL is accepted and ignored (state is volatile), unless the model is
+//!   made PTPL-capable ([`Namespace::with_ptpl_capable`], RESCAP bit 0 of a device that
+//!   has it): then a successful Register with CPTPL 11b sets the Persist Through Power
+//!   Loss state, 10b clears it, and the report's PTPLS shows it.
+//! - A power loss or target restart ([`Namespace::lose_state`]): without the PTPL
+//!   state every registrant and the reservation are gone and the generation starts
+//!   again at 0 (what nvmet does when its namespace is disabled and enabled again:
+//!   every host may then write); with it, nothing changes (Base 2.0c 8.19.9,
+//!   "Reservation Persistence").
 //! - The generation starts at 0 and is incremented by every successful Reservation
 //!   Register (register, including re-registering the same key; unregister; replace),
 //!   every successful Preempt / Preempt and Abort, and every Clear; never by Acquire
@@ -69,6 +77,10 @@ struct State {
     holder: Option<(HostId, ReservationType)>,
     faults: Vec<(Operation, NvmeStatus)>,
     identity: NamespaceIdentity,
+    /// RESCAP bit 0: the device can persist through a power loss.
+    ptpl_capable: bool,
+    /// The Persist Through Power Loss state (Get Features 83h, report PTPLS).
+    ptpls: bool,
 }
 
 fn conflict() -> NvmeStatus {
@@ -121,6 +133,30 @@ impl State {
     }
 
     fn register(&mut self, me: HostId, c: &Register) -> std::result::Result<(), NvmeStatus> {
+        self.register_keys(me, c)?;
+        if self.ptpl_capable {
+            match c.cptpl {
+                crate::Cptpl::Persist => self.ptpls = true,
+                crate::Cptpl::Clear => self.ptpls = false,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// A power loss or target restart: without the PTPL state, every registrant and the
+    /// reservation are lost. Whether the state survived.
+    fn lose_state(&mut self) -> bool {
+        if self.ptpls {
+            return true;
+        }
+        self.registrants.clear();
+        self.holder = None;
+        self.generation = 0;
+        false
+    }
+
+    fn register_keys(&mut self, me: HostId, c: &Register) -> std::result::Result<(), NvmeStatus> {
         let mine = self.find(me);
         match c.rrega {
             RegisterAction::Register => match mine {
@@ -279,7 +315,7 @@ impl State {
             generation: self.generation,
             rtype,
             regctl: registrants.len() as u16,
-            ptpls: false,
+            ptpls: self.ptpls,
             registrants,
             extended: true,
         }
@@ -349,6 +385,35 @@ impl Namespace {
     /// empty subsystem NQN: no identity).
     pub fn set_identity(&self, identity: NamespaceIdentity) {
         self.lock().identity = identity;
+    }
+
+    /// A namespace whose device reports Persist Through Power Loss (RESCAP bit 0): a
+    /// Register with CPTPL 11b turns persistence on, and [`lose_state`](Self::lose_state)
+    /// then keeps every registrant and the reservation. Persistence starts off.
+    pub fn with_ptpl_capable() -> Self {
+        let ns = Self::default();
+        ns.lock().ptpl_capable = true;
+        ns
+    }
+
+    /// Whether the device reports Persist Through Power Loss (RESCAP bit 0).
+    pub fn ptpl_capable(&self) -> bool {
+        self.lock().ptpl_capable
+    }
+
+    /// The Reservation Persistence feature now (Get Features 83h): whether a power loss
+    /// keeps the registrants and the reservation. Always `false` for a namespace that
+    /// is not [PTPL-capable](Self::with_ptpl_capable).
+    pub fn ptpl_state(&self) -> bool {
+        self.lock().ptpls
+    }
+
+    /// A power loss, a target restart or an NVMe-oF target fail-over: without the PTPL
+    /// state every registrant and the reservation vanish (every host may write again)
+    /// and the generation restarts at 0; with it, nothing changes. Returns whether the
+    /// reservation state survived.
+    pub fn lose_state(&self) -> bool {
+        self.lock().lose_state()
     }
 
     /// Drops every pending injected fault.
@@ -455,7 +520,10 @@ mod tests {
     const KC: Key = Key(0xc);
 
     fn hosts() -> (Namespace, Host, Host, Host) {
-        let ns = Namespace::new();
+        hosts_on(Namespace::new())
+    }
+
+    fn hosts_on(ns: Namespace) -> (Namespace, Host, Host, Host) {
         let (a, b, c) = (
             ns.host(HostId([0xa; 16])),
             ns.host(HostId([0xb; 16])),
@@ -950,6 +1018,81 @@ mod tests {
         assert_eq!(ns.snapshot().generation, 7);
     }
 
+    /// A fenced state: A holds, B was preempted (a fence), C never registered.
+    fn fenced_state(ns: &Namespace) -> (Host, Host, Host) {
+        let (_, a, b, c) = hosts_on(ns.clone());
+        let wear = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+        a.register(&Register::register(KA).with_cptpl(crate::Cptpl::Persist))
+            .unwrap();
+        b.register(&Register::register(KB)).unwrap();
+        a.acquire(&Acquire::acquire(KA, wear)).unwrap();
+        a.acquire(&Acquire::preempt_and_abort(KA, KB, wear))
+            .unwrap();
+        assert!(!allowed(&b, Access::Write), "B is fenced");
+        (a, b, c)
+    }
+
+    #[test]
+    fn state_loss_without_ptpl_reopens_every_host() {
+        // The kernel target: CPTPL accepted and ignored, nothing persists.
+        let ns = Namespace::new();
+        let (a, b, c) = fenced_state(&ns);
+        assert!(!ns.ptpl_capable() && !ns.ptpl_state() && !ns.snapshot().ptpls);
+        assert!(!ns.lose_state(), "nothing survives");
+        let st = ns.snapshot();
+        assert!(st.registrants.is_empty() && st.rtype == ReservationType::NONE);
+        assert_eq!(st.generation, 0);
+        // The fenced host writes again, as does everyone: the window invariant 9 names.
+        for h in [&a, &b, &c] {
+            assert!(allowed(h, Access::Write));
+        }
+        // A's key is gone: its next acquire is a conflict until it registers again.
+        let wear = ReservationType::WRITE_EXCLUSIVE_ALL_REGISTRANTS;
+        assert!(is_conflict(a.acquire(&Acquire::acquire(KA, wear))));
+        // What a live agent does (fenced's rule): register again and acquire; the
+        // fenced host is shut out again, the unregistered one too.
+        a.register(&Register::register(KA)).unwrap();
+        a.acquire(&Acquire::acquire(KA, wear)).unwrap();
+        assert!(!allowed(&b, Access::Write) && !allowed(&c, Access::Write));
+        assert!(allowed(&a, Access::Write));
+    }
+
+    #[test]
+    fn state_loss_with_ptpl_keeps_registrants_reservation_and_fence() {
+        let ns = Namespace::with_ptpl_capable();
+        let (a, b, _c) = fenced_state(&ns);
+        assert!(ns.ptpl_capable() && ns.ptpl_state());
+        let before = ns.snapshot();
+        assert!(before.ptpls, "the report shows PTPLS");
+        assert!(ns.lose_state());
+        assert_eq!(ns.snapshot(), before, "everything survives");
+        assert!(allowed(&a, Access::Write) && !allowed(&b, Access::Write));
+        // CPTPL 10b turns it off again: the next loss drops everything.
+        a.register(&Register::register(KA).with_cptpl(crate::Cptpl::Clear))
+            .unwrap();
+        assert!(!ns.ptpl_state() && !ns.snapshot().ptpls);
+        assert!(!ns.lose_state());
+        assert!(ns.snapshot().registrants.is_empty());
+        assert!(allowed(&b, Access::Write));
+    }
+
+    #[test]
+    fn cptpl_of_a_failed_register_changes_nothing() {
+        let ns = Namespace::with_ptpl_capable();
+        let (_, a, _, _) = hosts_on(ns.clone());
+        a.register(&Register::register(KA)).unwrap();
+        // Registering another key while registered is a conflict: no persistence.
+        assert!(is_conflict(a.register(
+            &Register::register(KB).with_cptpl(crate::Cptpl::Persist)
+        )));
+        assert!(!ns.ptpl_state());
+        // NoChange leaves the state as it is.
+        a.register(&Register::replace(KA, KB).with_cptpl(crate::Cptpl::Persist))
+            .unwrap();
+        a.register(&Register::replace(KB, KC)).unwrap();
+        assert!(ns.ptpl_state());
+    }
+
     #[test]
     fn fault_injection() {
         let (ns, a, _, _) = hosts();
@@ -1009,7 +1152,7 @@ mod tests {
 
         #[derive(Debug, Clone)]
         enum Op {
-            Reg(u8, u8, u8, bool),
+            Reg(u8, u8, u8, bool, u8),
             Acq(u8, u8, u8, u8, bool),
             Rel(u8, u8, u8, bool),
         }
@@ -1022,8 +1165,14 @@ mod tests {
         fn op() -> impl Strategy<Value = (usize, Op)> {
             let k = 0u8..4;
             let cmd = prop_oneof![
-                (0u8..3, k.clone(), k.clone(), any::<bool>())
-                    .prop_map(|(a, c, n, ie)| Op::Reg(a, c, n, ie)),
+                (
+                    0u8..3,
+                    k.clone(),
+                    k.clone(),
+                    any::<bool>(),
+                    prop_oneof![Just(0u8), Just(2), Just(3)]
+                )
+                    .prop_map(|(a, c, n, ie, p)| Op::Reg(a, c, n, ie, p)),
                 (0u8..3, 0u8..8, k.clone(), k.clone(), any::<bool>())
                     .prop_map(|(a, t, c, p, ie)| Op::Acq(a, t, c, p, ie)),
                 (0u8..2, 0u8..8, k, any::<bool>()).prop_map(|(a, t, c, ie)| Op::Rel(a, t, c, ie)),
@@ -1033,12 +1182,12 @@ mod tests {
 
         fn apply(h: &Host, op: &Op) -> Result<()> {
             match *op {
-                Op::Reg(a, c, n, ie) => h.register(&Register {
+                Op::Reg(a, c, n, ie, p) => h.register(&Register {
                     rrega: RegisterAction::from_rrega(a).unwrap(),
                     crkey: key(c),
                     nrkey: key(n),
                     iekey: ie,
-                    cptpl: crate::Cptpl::NoChange,
+                    cptpl: crate::Cptpl::from_cptpl(p).unwrap(),
                 }),
                 Op::Acq(a, t, c, p, ie) => h.acquire(&Acquire {
                     racqa: AcquireAction::from_racqa(a).unwrap(),
@@ -1053,6 +1202,42 @@ mod tests {
                     crkey: key(c),
                     iekey: ie,
                 }),
+            }
+        }
+
+        proptest! {
+            /// A power loss at any point: with the PTPL state on, the report is
+            /// unchanged and every host keeps its access; with it off, no registrant,
+            /// no reservation, generation 0, and every host may write (the window
+            /// fenced closes by registering and acquiring again). The PTPL state only
+            /// ever turns on in a PTPL-capable namespace.
+            #[test]
+            fn power_loss_keeps_exactly_what_ptpl_says(
+                capable in any::<bool>(),
+                ops in proptest::collection::vec(op(), 0..40),
+            ) {
+                let ns = if capable { Namespace::with_ptpl_capable() } else { Namespace::new() };
+                let (ns, a, b, c) = hosts_on(ns);
+                let hs = [a, b, c];
+                for (h, op) in &ops {
+                    let _ = apply(&hs[*h], op);
+                    prop_assert!(capable || !ns.ptpl_state(), "PTPL on without RESCAP bit 0");
+                    prop_assert_eq!(ns.snapshot().ptpls, ns.ptpl_state());
+                }
+                let before = ns.snapshot();
+                let access = |hs: &[Host; 3]| hs.iter().map(|h| (h.check(Access::Read).is_ok(), h.check(Access::Write).is_ok())).collect::<Vec<_>>();
+                let access_before = access(&hs);
+                let kept = ns.lose_state();
+                prop_assert_eq!(kept, before.ptpls);
+                let after = ns.snapshot();
+                if kept {
+                    prop_assert_eq!(&after, &before);
+                    prop_assert_eq!(access(&hs), access_before);
+                } else {
+                    prop_assert!(after.registrants.is_empty() && after.rtype == ReservationType::NONE);
+                    prop_assert_eq!(after.generation, 0);
+                    prop_assert!(hs.iter().all(|h| h.check(Access::Write).is_ok()));
+                }
             }
         }
 

@@ -13,7 +13,7 @@ use crate::raw::{Command, Data, Queue};
 use crate::report::{self, EXTENDED_ENTRY_LEN, EXTENDED_HEADER_LEN};
 use crate::status::{Completion, NvmeStatus};
 use crate::sys;
-use crate::{Acquire, Register, Release, ReservationStatus, ReservationType, Reservations};
+use crate::{Acquire, Cptpl, Register, Release, ReservationStatus, ReservationType, Reservations};
 
 /// Which Reservation Report data structure to request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -68,6 +68,19 @@ impl Capabilities {
     /// Whether reservations of type `rtype` can be acquired.
     pub fn supports(&self, rtype: ReservationType) -> bool {
         self.oncs_reservations && rtype.rescap_bit().is_some_and(|b| self.rescap & b != 0)
+    }
+
+    /// The CPTPL to register with so that registrants and the reservation (and with
+    /// them a fence) survive a power loss or target restart where the device can keep
+    /// them: [`Cptpl::Persist`] when RESCAP reports Persist Through Power Loss, else
+    /// [`Cptpl::NoChange`] (such a device has no persistence to turn on; one may refuse
+    /// 11b as an invalid field, the Linux kernel target ignores it).
+    pub fn register_cptpl(&self) -> Cptpl {
+        if self.ptpl {
+            Cptpl::Persist
+        } else {
+            Cptpl::NoChange
+        }
     }
 
     /// The supported types, in encoding order.
@@ -506,7 +519,19 @@ mod tests {
         // nvmet with resv_enable: ONCS has bit 5, RESCAP all six types + IEKEY.
         let c = Capabilities::from_identify(0x0020, 0xfe, 12, 1 << 14);
         assert!(c.reservations && c.oncs_reservations && c.iekey && !c.ptpl);
+        assert_eq!(c.register_cptpl(), Cptpl::NoChange, "nothing to persist");
         assert_eq!(c.lba_size, 4096);
+        // SPDK with a PTPL file: RESCAP bit 0 set, register with CPTPL 11b.
+        let c = Capabilities::from_identify(0x0020, 0xff, 12, 1 << 14);
+        assert!(c.ptpl);
+        assert_eq!(c.register_cptpl(), Cptpl::Persist);
+        assert_eq!(
+            Register::register(crate::Key(1))
+                .with_cptpl(c.register_cptpl())
+                .cdw10()
+                >> 30,
+            0b11
+        );
         assert_eq!(c.types(), ReservationType::ALL.to_vec());
         // RESCAP 0: no reservations even if the controller bit is set.
         let c = Capabilities::from_identify(0x0020, 0, 9, 0);
