@@ -138,6 +138,7 @@ const NONE: Budget = Budget {
     reboots: 0,
     unfences: 0,
     releases: 0,
+    target_resets: 0,
 };
 
 fn cfg(protocol: Protocol, budget: Budget) -> Config {
@@ -821,3 +822,6 @@ fn a_fence_confirmed_with_no_reservation_held_is_caught() {
     };
     assert!(find(cfg(Protocol::SAFE, more), I1_ARENA).is_none());
 }
+
+#[path = "protocol_model/target_reset_tests.rs"]
+mod target_reset_tests;

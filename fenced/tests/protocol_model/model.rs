@@ -5,6 +5,10 @@ use std::fmt;
 
 use stateright::{Model, Property};
 
+#[path = "target_reset.rs"]
+mod target_reset;
+pub use target_reset::*;
+
 /// Nodes (agents). Node `i` is `n{i}`.
 pub const N: usize = 2;
 /// Controllers. Controller `i` is `c{i}`.
@@ -79,6 +83,9 @@ pub struct Protocol {
     /// gone" as the evidence, and after a release (no reservation: every host may
     /// write) the victim keeps writing the arena the fence frees.
     pub fence_needs_reservation: bool,
+    /// Issue 27: what an agent does when the target lost all reservation state
+    /// (see `target_reset.rs`).
+    pub target_reset: TargetReset,
 }
 
 impl Protocol {
@@ -98,6 +105,7 @@ impl Protocol {
         leave_allows_register: false,
         leave_allows_register_always: false,
         fence_needs_reservation: false,
+        target_reset: TargetReset::SelfFence,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -117,6 +125,7 @@ impl Protocol {
         unregister_before_release: true,
         leave_allows_register: true,
         fence_needs_reservation: true,
+        target_reset: TargetReset::Recover,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -151,6 +160,8 @@ pub struct Budget {
     /// Issue 26: the reservation is released while every key stays registered (a
     /// holder's `nvme resv-release`, another tool, a target that lost it).
     pub releases: u8,
+    /// Issue 27: the target loses all reservation state (no persistence).
+    pub target_resets: u8,
 }
 
 /// A model configuration.
@@ -462,6 +473,12 @@ pub struct State {
     pub member_bumped: bool,
     /// Witness bits (ghost).
     pub seen: u16,
+    /// Issue 27: lost states so far (what the reservation generation going back shows).
+    pub reset_epoch: u8,
+    /// Issue 27: the `reset_epoch` each agent last saw with its key registered.
+    pub seen_epoch: [u8; N],
+    /// Issue 27, BROKEN variant only: the agent checked and will register later.
+    pub recover_checked: [bool; N],
 }
 
 /// A model action. Names follow the protocol's step names.
@@ -530,6 +547,12 @@ pub enum Action {
     ReservationReleased,
     /// Agent: the periodic device check finds no reservation held and acquires it.
     DeviceCheckAcquire(u8),
+    /// Target: all reservation state lost (issue 27).
+    TargetLostState,
+    /// Agent: after a lost state, register our key again (and acquire if none held).
+    Recover(u8),
+    /// Agent, BROKEN variant only: the check before a separate `Recover`.
+    RecoverCheck(u8),
 }
 
 impl fmt::Display for Action {
@@ -584,6 +607,9 @@ impl fmt::Display for Action {
             }
             Self::DeviceCheckAcquire(n) => {
                 write!(f, "n{n}: device check: no reservation held, acquire it")
+            }
+            Self::TargetLostState | Self::Recover(_) | Self::RecoverCheck(_) => {
+                target_reset::fmt_action(self, f)
             }
         }
     }
@@ -754,6 +780,9 @@ impl ProtocolModel {
             unconfirmed_bump: false,
             member_bumped: false,
             seen: 0,
+            reset_epoch: 0,
+            seen_epoch: [0; N],
+            recover_checked: [false; N],
         };
         if self.cfg.start_expired {
             s.delete_membership(1);
@@ -835,6 +864,7 @@ impl ProtocolModel {
                     t.agents[n].registered_it = true;
                 }
                 t.registered[n] = true;
+                t.seen_epoch[n] = s.reset_epoch;
                 // agent/mod.rs `unfence`: creates the reservation if none is held.
                 t.reservation = true;
                 t.agents[n].phase = Phase::Unfenced;
@@ -951,7 +981,9 @@ impl ProtocolModel {
                 }
                 let lease_lost = s.etcd.member[n] != Some(ag.instance);
                 let unfenced = !matches!(ag.phase, Phase::Joined);
-                let preempted = unfenced && !s.registered[n];
+                // Issue 27: a key lost with the target's state is not a preempt.
+                let preempted =
+                    unfenced && !s.registered[n] && !s.recovers(n, self.cfg.protocol.target_reset);
                 if !(lease_lost || preempted) {
                     return None;
                 }
@@ -1488,6 +1520,7 @@ impl Model for ProtocolModel {
         if b.releases > 0 && s.reservation {
             out.push(Action::ReservationReleased);
         }
+        self.target_reset_actions(s, out);
         for c in 0..C as u8 {
             let ctrl = &s.ctrls[c as usize];
             if !ctrl.alive {
@@ -1548,6 +1581,9 @@ impl Model for ProtocolModel {
             | Action::WatchCompacted(_)
             | Action::WatchResume(_)
             | Action::Sweep(_) => self.watch_step(s, act),
+            Action::TargetLostState | Action::Recover(_) | Action::RecoverCheck(_) => {
+                self.target_reset_step(s, act)
+            }
             _ => self.fence_step(s, act),
         }
     }
@@ -1558,12 +1594,16 @@ impl Model for ProtocolModel {
 
     fn properties(&self) -> Vec<Property<Self>> {
         let mut props = vec![
+            // Issue 27: while the target's lost state leaves no reservation, every host
+            // writes; I1 holds again once one is held.
             Property::always(I1_ARENA, |_, s: &State| {
-                (0..N).all(|n| {
-                    (0..A).all(|a| {
-                        !s.can_write(n, a) || (s.etcd.owner[a] == Some(n as u8) && !s.etcd.free[a])
+                s.window_open()
+                    || (0..N).all(|n| {
+                        (0..A).all(|a| {
+                            !s.can_write(n, a)
+                                || (s.etcd.owner[a] == Some(n as u8) && !s.etcd.free[a])
+                        })
                     })
-                })
             }),
             Property::always(I2_MONOTONIC, |_, s: &State| {
                 // generation only ever moves by the +1 of a counted bump.
@@ -1600,9 +1640,12 @@ impl Model for ProtocolModel {
         ];
         if self.cfg.fencer == FencerKind::Nvme {
             props.push(Property::always(I1_FENCED_NO_WRITE, |_, s: &State| {
-                (0..N).all(|n| {
-                    (0..A).all(|a| !s.can_write(n, a) || s.etcd.generation[n] == s.writer_gen(n, a))
-                })
+                s.window_open()
+                    || (0..N).all(|n| {
+                        (0..A).all(|a| {
+                            !s.can_write(n, a) || s.etcd.generation[n] == s.writer_gen(n, a)
+                        })
+                    })
             }));
         }
         if self.cfg.host {
@@ -1614,6 +1657,14 @@ impl Model for ProtocolModel {
             ));
             props.push(sometimes_seen!(S_UNFENCE_REJOIN, UNFENCED_THEN_JOINED));
             props.push(sometimes_seen!(S_REBOOT_REJOIN, REBOOTED_THEN_JOINED));
+        }
+        if self.cfg.budget.target_resets > 0 {
+            props.push(Property::sometimes(S_RECOVERED, |_, s: &State| {
+                s.seen & SEEN_RECOVERED != 0
+            }));
+            props.push(Property::sometimes(S_PEER_RECOVERED, |_, s: &State| {
+                s.seen & SEEN_PEER_RECOVERED != 0
+            }));
         }
         if self.cfg.start_expired {
             props.push(Property::eventually(L3_FENCED, |_, s: &State| {
