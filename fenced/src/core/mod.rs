@@ -12,7 +12,9 @@
 //! [`SweepClock`], over the [`Roster`] of live controllers. The controller's small
 //! rules (its own node, a refused instance id, claim retries, fences waiting for an
 //! operator) are [`is_own_node`], [`instance_or_unknown`], [`retry_claim`] and
-//! [`OperatorWaits`].
+//! [`OperatorWaits`]. After the target lost its reservation state (invariant 9), whether
+//! a missing key was preempted or lost is [`missing_key`], and whether the agent may
+//! register again is [`recover`] and [`after_register`].
 
 use std::fmt;
 
@@ -147,6 +149,7 @@ mod claim;
 mod controller;
 mod duty;
 mod fence;
+mod lost_state;
 mod sweep;
 #[cfg(test)]
 mod tests;
@@ -156,4 +159,5 @@ pub use claim::*;
 pub use controller::*;
 pub use duty::*;
 pub use fence::*;
+pub use lost_state::*;
 pub use sweep::*;
