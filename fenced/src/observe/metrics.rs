@@ -92,6 +92,7 @@ pub(super) struct Metrics {
     pub(super) margin_left: SecondsGauge,
     pub(super) device_unanswered: SecondsGauge,
     pub(super) watch_restarts: Counter,
+    pub(super) lost_states: Family<ResultLabels, Counter>,
     pub(super) sweeps: Family<ResultLabels, Counter>,
     pub(super) sweep_seconds: Histogram,
     pub(super) task_up: Family<TaskLabels, Gauge>,
@@ -119,6 +120,7 @@ impl Metrics {
             margin_left: SecondsGauge::default(),
             device_unanswered: SecondsGauge::default(),
             watch_restarts: Counter::default(),
+            lost_states: Family::default(),
             sweeps: Family::default(),
             sweep_seconds: step_histogram(),
             task_up: Family::default(),
@@ -177,6 +179,11 @@ impl Metrics {
             "watch_restarts",
             "Membership watch restarts after the first start (channel failed, canceled, compacted)",
             m.watch_restarts.clone(),
+        );
+        r.register(
+            "lost_state_recoveries",
+            "Times the agent found the shared device's reservation state lost (a target restart or power loss without persistence), by what it did: registered (its key again, live member with its generation unchanged) or self_fenced",
+            m.lost_states.clone(),
         );
         r.register(
             "sweeps",
@@ -309,6 +316,20 @@ impl Observer {
     /// The membership watch was started again.
     pub fn watch_restarted(&self) {
         self.m().watch_restarts.inc();
+    }
+
+    /// The agent found the device's reservation state lost and `registered` its key
+    /// again (else it self-fenced).
+    pub fn lost_state(&self, registered: bool) {
+        let result = if registered {
+            "registered"
+        } else {
+            "self_fenced"
+        };
+        self.m()
+            .lost_states
+            .get_or_create(&ResultLabels { result })
+            .inc();
     }
 
     /// A sweep ended after `d`; `seen`: (members, claims, owed) of its snapshot.

@@ -42,6 +42,39 @@ pub struct CheckArgs {
     /// downgrade is judged again.
     #[arg(long, value_name = "VERSION")]
     accept_etcd_version: Option<String>,
+    /// Also read the shared namespace through this device (needs the rights `fenced
+    /// run` has): WARNING when it cannot keep registrations and the reservation
+    /// through a target restart or power loss (no Persist Through Power Loss: RESCAP
+    /// bit 0, Get Features 83h), as the kernel NVMe target cannot.
+    #[arg(long, value_name = "PATH")]
+    block_device: Option<std::path::PathBuf>,
+}
+
+/// What `--block-device` adds to the check: a WARNING when the device cannot persist
+/// (or its persistence could not be read), nothing when it can.
+fn persistence_finding(
+    path: &std::path::Path,
+    read: Result<fenced::core::Persistence, String>,
+) -> Option<SpaceFinding> {
+    let text = match read {
+        Ok(p) if !p.warn() => return None,
+        Ok(p) => format!("{}: {}", path.display(), p.describe()),
+        Err(e) => format!("{}: cannot read its persistence: {e}", path.display()),
+    };
+    Some(SpaceFinding {
+        level: SpaceLevel::Warning,
+        text,
+    })
+}
+
+/// RESCAP bit 0 and the Reservation Persistence feature of the namespace at `path`.
+fn read_persistence(path: &std::path::Path) -> Result<fenced::core::Persistence, String> {
+    let ns = nvme_resv::Namespace::open(path).map_err(|e| e.to_string())?;
+    let caps = ns.capabilities().map_err(|e| e.to_string())?;
+    Ok(fenced::core::Persistence::from_device(
+        caps.ptpl,
+        ns.ptpl_state().ok(),
+    ))
 }
 
 /// A check's result, ordered by severity.
@@ -260,7 +293,7 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
         },
     )
     .await;
-    let space = match store.space_report().await {
+    let mut space = match store.space_report().await {
         Ok(r) => {
             let mut findings = judge_space(&r, args.history_warning_revisions);
             findings.extend(etcd_version_finding(
@@ -277,6 +310,15 @@ pub async fn check(args: CheckArgs) -> Result<ExitCode, OpError> {
             ),
         }],
     };
+    if let Some(path) = args.block_device {
+        let read = {
+            let path = path.clone();
+            tokio::task::spawn_blocking(move || read_persistence(&path))
+                .await
+                .unwrap_or_else(|e| Err(format!("the device read did not finish: {e}")))
+        };
+        space.extend(persistence_finding(&path, read));
+    }
     let (level, line) = verdict(&status, &endpoints, &space, t, fenced::clock::unix_ms());
     println!("{line}");
     Ok(ExitCode::from(level.code()))
@@ -287,6 +329,31 @@ mod tests {
     use fenced::store::{MalformedRecord, NodeRow, Owed};
 
     use super::*;
+
+    #[test]
+    fn persistence_is_a_warning_only_where_the_device_cannot_persist() {
+        use fenced::core::Persistence;
+        let p = std::path::Path::new("/dev/nvme0n1");
+        assert!(persistence_finding(p, Ok(Persistence::On)).is_none());
+        assert!(persistence_finding(p, Ok(Persistence::Available)).is_none());
+        let w = persistence_finding(p, Ok(Persistence::Unsupported)).unwrap();
+        assert!(matches!(w.level, SpaceLevel::Warning));
+        assert!(
+            w.text
+                .starts_with("/dev/nvme0n1: persist through power loss: NOT supported"),
+            "{}",
+            w.text
+        );
+        let e = persistence_finding(p, Err("permission denied".into())).unwrap();
+        assert!(
+            e.text
+                .contains("cannot read its persistence: permission denied")
+        );
+        // In the check's line, as a WARNING.
+        let (l, line) = verdict(&Status::default(), &[], &[w], T, 0);
+        assert_eq!(l, Level::Warning);
+        assert!(line.contains("NOT supported"), "{line}");
+    }
 
     fn status(rows: &[(&str, NodeRow)]) -> Status {
         Status {
