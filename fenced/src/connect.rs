@@ -106,6 +106,16 @@ pub enum OpenError {
         oncs: bool,
         rescap: u8,
     },
+    #[error(
+        "{} cannot hold the {rtype} reservation fenced uses to shut out unregistered hosts: it reports RESCAP {rescap:#04x} (types: {types}); use a device that supports it, or --fencer none for single-signal fencing",
+        path.display()
+    )]
+    ReservationTypeUnsupported {
+        path: PathBuf,
+        rtype: nvme_resv::ReservationType,
+        rescap: u8,
+        types: String,
+    },
 }
 
 /// Attempts in a row whose TLS connection the server closed right after accepting it
@@ -233,7 +243,9 @@ fn open_message(path: &Path, source: &nvme_resv::Error) -> String {
 /// Opens `path` resolved (a `/dev/disk/by-id/` link names the same namespace across
 /// boots) and checks that it supports reservations. Returns the namespace and the
 /// device node the path resolved to.
-fn open_reservations(path: &Path) -> Result<(nvme_resv::Namespace, PathBuf), OpenError> {
+fn open_reservations(
+    path: &Path,
+) -> Result<(nvme_resv::Namespace, PathBuf, nvme_resv::Capabilities), OpenError> {
     let device = std::fs::canonicalize(path).map_err(|source| OpenError::ResolveDevice {
         path: path.to_owned(),
         source,
@@ -253,12 +265,53 @@ fn open_reservations(path: &Path) -> Result<(nvme_resv::Namespace, PathBuf), Ope
             rescap: caps.rescap,
         });
     }
-    Ok((ns, device))
+    check_reservation_type(&device, &caps)?;
+    Ok((ns, device, caps))
+}
+
+/// `fenced run` refuses a device that cannot hold [`fenced::device::RESERVATION_TYPE`]
+/// (issue 27), in one line naming what the device reports.
+fn check_reservation_type(device: &Path, caps: &nvme_resv::Capabilities) -> Result<(), OpenError> {
+    let rtype = fenced::device::RESERVATION_TYPE;
+    if caps.supports(rtype) {
+        return Ok(());
+    }
+    let types = caps.types();
+    Err(OpenError::ReservationTypeUnsupported {
+        path: device.to_owned(),
+        rtype,
+        rescap: caps.rescap,
+        types: if types.is_empty() {
+            "none".into()
+        } else {
+            types
+                .iter()
+                .map(|t| t.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        },
+    })
+}
+
+/// The CPTPL to register with and the persistence line logged at start (issue 27):
+/// registrations persist where the device can (RESCAP bit 0); a warning where it
+/// cannot, since a target restart then drops every registration and the reservation.
+fn persistence_at_start(
+    ns: &nvme_resv::Namespace,
+    caps: &nvme_resv::Capabilities,
+) -> nvme_resv::Cptpl {
+    let p = fenced::core::Persistence::from_device(caps.ptpl, ns.ptpl_state().ok());
+    if p.warn() {
+        tracing::warn!(step = "persistence", device = %ns.path().display(), "{}", p.describe());
+    } else {
+        tracing::info!(step = "persistence", device = %ns.path().display(), "{}", p.describe());
+    }
+    caps.register_cptpl()
 }
 
 /// Opens a namespace that supports reservations (`fenced attest --block-device`).
 pub(crate) fn open_device(path: &Path) -> Result<Device, OpenError> {
-    open_reservations(path).map(|(ns, _)| Arc::new(ns) as Device)
+    open_reservations(path).map(|(ns, _, _)| Arc::new(ns) as Device)
 }
 
 /// Opens the shared namespace ([`open_reservations`]; both names are logged) and reads
@@ -267,8 +320,8 @@ pub(crate) fn open_shared_namespace(
     path: &Path,
     allow_unidentified: bool,
     ebs_volume_id: Option<&str>,
-) -> Result<(Device, NamespaceIdentity), OpenError> {
-    let (ns, device) = open_reservations(path)?;
+) -> Result<(Device, NamespaceIdentity, nvme_resv::Cptpl), OpenError> {
+    let (ns, device, caps) = open_reservations(path)?;
     let identity = ns
         .namespace_identity()
         .map_err(|source| OpenError::Identify {
@@ -277,7 +330,8 @@ pub(crate) fn open_shared_namespace(
         })?;
     check_shared_namespace(path, &device, &identity, allow_unidentified, ebs_volume_id)?;
     tracing::info!(block_device = %path.display(), device = %device.display(), nsid = ns.nsid(), namespace = %identity, kind = identity.kind().map_or("none", |k| k.as_str()), wwid = %identity.wwid(), "shared namespace device");
-    Ok((Arc::new(ns), identity))
+    let cptpl = persistence_at_start(&ns, &caps);
+    Ok((Arc::new(ns), identity, cptpl))
 }
 
 /// Whether the shared namespace's identity lets the daemon start: a namespace named by
@@ -319,6 +373,30 @@ fn check_shared_namespace(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_without_the_reservation_type_is_refused_in_one_line() {
+        let dev = Path::new("/dev/nvme0n1");
+        // nvmet: all six types.
+        let all = nvme_resv::Capabilities::from_identify(0x20, 0xfe, 12, 1 << 14);
+        assert!(check_reservation_type(dev, &all).is_ok());
+        // Only Write Exclusive and Write Exclusive - Registrants Only.
+        let some = nvme_resv::Capabilities::from_identify(0x20, 0b0000_1010, 12, 1 << 14);
+        let e = check_reservation_type(dev, &some).unwrap_err().to_string();
+        assert!(!e.contains('\n'), "{e}");
+        assert!(
+            e.starts_with(
+                "/dev/nvme0n1 cannot hold the Write Exclusive - All Registrants (5) reservation"
+            ),
+            "{e}"
+        );
+        assert!(
+            e.contains(
+                "RESCAP 0x0a (types: Write Exclusive (1), Write Exclusive - Registrants Only (3))"
+            ),
+            "{e}"
+        );
+    }
 
     fn check(id: &NamespaceIdentity, allow: bool, ebs: Option<&str>) -> Result<(), OpenError> {
         check_shared_namespace(

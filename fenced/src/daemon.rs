@@ -283,7 +283,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     // With EBS: the instance id is checked against the volume's attachments (EC2 reads
     // only), still before anything is written.
     let (instance, ebs) = ebs_join(&s).await?;
-    let (device, namespace) = open_namespace(&s, &observer)?;
+    let (device, namespace, cptpl) = open_namespace(&s, &observer)?;
     let own_key = nvme_resv::key_for_node(s.node.as_str());
     let boot_id = fenced::agent::read_boot_id(&s.boot_id_file)
         .map_err(|source| DaemonError::BootId { source })?;
@@ -360,6 +360,7 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     cfg.arenas = s.arenas;
     cfg.watchdog_device = s.watchdog_device;
     cfg.namespace = namespace;
+    cfg.cptpl = cptpl;
     cfg.observer = observer.clone();
     observer.set_status(format!("joining as {node}: unfencing, claiming arenas"));
     let agent = match Agent::start(store.clone(), cfg, device, own_key).await {
@@ -451,25 +452,26 @@ async fn prepare_host(s: &Settings) -> Result<Host, DaemonError> {
     })
 }
 
-/// Step 3: the shared namespace, opened and identified, its commands timed
+/// Step 3: the shared namespace, opened and identified (and the CPTPL its registrations
+/// use: persist where the device can), its commands timed
 /// ([`fenced::device::ObservedDevice`]); none for EBS alone or without
 /// `--block-device`.
 fn open_namespace(
     s: &Settings,
     observer: &Observer,
-) -> Result<(Option<Device>, Option<NamespaceIdentity>), DaemonError> {
+) -> Result<(Option<Device>, Option<NamespaceIdentity>, nvme_resv::Cptpl), DaemonError> {
     match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
         // (gp3 and older io2 attachments have none).
-        (FencerKind::Ebs, _) | (_, None) => Ok((None, None)),
+        (FencerKind::Ebs, _) | (_, None) => Ok((None, None, nvme_resv::Cptpl::NoChange)),
         (_, Some(p)) => {
-            let (d, id) = open_shared_namespace(
+            let (d, id, cptpl) = open_shared_namespace(
                 p,
                 s.allow_unidentified_namespace,
                 s.ebs.volume_id.as_deref(),
             )?;
             let d = fenced::device::ObservedDevice::wrap(d, observer.clone());
-            Ok((Some(d), Some(id)))
+            Ok((Some(d), Some(id), cptpl))
         }
     }
 }

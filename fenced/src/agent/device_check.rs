@@ -3,12 +3,17 @@
 //! none is held), so a hung device never holds up the lease verdict, the membership
 //! watch, conflict notices or the watchdog pet ([`crate::core::device_health`]).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use nvme_resv::{Acquire, AcquireAction, Key, ReservationType};
 use tokio::task::JoinHandle;
 
-use crate::core::{DeviceHealth, DeviceVerdict, check_device, device_health};
+use crate::core::{
+    DeviceHealth, DeviceVerdict, KeyGoneReport, MissingKey, check_device, device_health,
+    missing_key,
+};
 use crate::device::{Device, RESERVATION_TYPE, key_registered};
 use crate::node::NodeId;
 
@@ -16,6 +21,28 @@ use crate::node::NodeId;
 #[derive(Debug, Default)]
 pub(super) struct DeviceCheck {
     in_flight: Option<(JoinHandle<nvme_resv::Result<DeviceVerdict>>, Instant)>,
+    /// The reservation generation of the last report that listed our key.
+    last_seen: LastSeen,
+}
+
+/// The reservation generation of the last report that listed our key (issue 27: a
+/// missing key at a generation not above it was lost with the device's state).
+#[derive(Debug, Clone)]
+struct LastSeen(Arc<AtomicU64>);
+
+impl Default for LastSeen {
+    fn default() -> Self {
+        Self(Arc::new(AtomicU64::new(u64::MAX)))
+    }
+}
+
+impl LastSeen {
+    fn get(&self) -> Option<u32> {
+        u32::try_from(self.0.load(Ordering::SeqCst)).ok()
+    }
+    fn set(&self, generation: u32) {
+        self.0.store(u64::from(generation), Ordering::SeqCst);
+    }
 }
 
 impl DeviceCheck {
@@ -37,7 +64,8 @@ impl DeviceCheck {
         let Some(device) = device.cloned() else {
             return;
         };
-        let task = tokio::task::spawn_blocking(move || check_once(&device, key));
+        let last_seen = self.last_seen.clone();
+        let task = tokio::task::spawn_blocking(move || check_once(&device, key, &last_seen));
         self.in_flight = Some((task, Instant::now()));
     }
 
@@ -56,10 +84,26 @@ impl DeviceCheck {
     }
 }
 
-/// One check: read the report; acquire the reservation when none is held.
-fn check_once(device: &Device, key: Key) -> nvme_resv::Result<DeviceVerdict> {
+/// One check: read the report; acquire the reservation when none is held; tell a
+/// lost state from a preempt when our key is gone.
+fn check_once(device: &Device, key: Key, last_seen: &LastSeen) -> nvme_resv::Result<DeviceVerdict> {
     let r = device.report()?;
-    let v = check_device(key_registered(&r, key), r.rtype != ReservationType::NONE);
+    let registered = key_registered(&r, key);
+    if registered {
+        last_seen.set(r.generation);
+    }
+    let mut v = check_device(registered, r.rtype != ReservationType::NONE);
+    if v == DeviceVerdict::Preempted {
+        let gone = KeyGoneReport {
+            generation: r.generation,
+            registrants: r.registrants.len(),
+            reservation_held: r.rtype != ReservationType::NONE,
+            last_seen_with_key: last_seen.get(),
+        };
+        if missing_key(&gone) == MissingKey::LostState {
+            v = DeviceVerdict::LostState;
+        }
+    }
     if v == DeviceVerdict::Acquire {
         device.acquire(&Acquire {
             racqa: AcquireAction::Acquire,
@@ -87,7 +131,8 @@ pub(super) fn on_verdict(
             tracing::info!(node = %node, "no reservation held: acquired Write Exclusive - All Registrants");
             None
         }
-        Ok(DeviceVerdict::Ok) => None,
+        // Handled by the loop first (`Agent::recover_lost_state`).
+        Ok(DeviceVerdict::Ok | DeviceVerdict::LostState) => None,
         Err(e) => {
             tracing::warn!(node = %node, error = %e, "reservation report failed");
             None

@@ -62,6 +62,10 @@ pub struct AgentConfig {
     /// Where each tick of the self-fencing clock is reported (lease age, margin left,
     /// keepalive task alive: metrics, `/readyz`, the systemd watchdog).
     pub observer: crate::metrics::Observer,
+    /// The CPTPL every registration of our key carries: `Persist` where the device
+    /// reports Persist Through Power Loss (`Capabilities::register_cptpl`), so a
+    /// target restart keeps the registrations, the reservation and every fence.
+    pub cptpl: nvme_resv::Cptpl,
 }
 
 impl AgentConfig {
@@ -83,6 +87,7 @@ impl AgentConfig {
             on_fence: OnFenceConfig::default(),
             namespace: None,
             observer: crate::metrics::Observer::default(),
+            cptpl: nvme_resv::Cptpl::NoChange,
         }
     }
 }
@@ -92,6 +97,7 @@ mod device_check;
 pub mod identity;
 mod keepalive;
 mod leave;
+mod lost_state;
 pub mod on_fence;
 mod own_membership;
 mod run;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use super::device_check::{self, DeviceCheck};
 use super::{Agent, AgentExit, on_fence, own_membership};
-use crate::core::{DeviceHealth, Watchdog, WatchdogVerdict};
+use crate::core::{DeviceHealth, DeviceVerdict, Watchdog, WatchdogVerdict};
 
 impl Agent {
     pub(super) fn pet(&mut self) {
@@ -105,7 +105,12 @@ impl Agent {
                 }
                 verdict = check.finished(), if check.in_flight() => {
                     self.cfg.observer.device_stalled(None);
-                    if let Some(reason) = device_check::on_verdict(&self.cfg.node, self.own_key, verdict) {
+                    if matches!(verdict, Ok(DeviceVerdict::LostState)) {
+                        // Issue 27: register again, or self-fence (agent/lost_state.rs).
+                        if let Err(reason) = self.recover_lost_state(&watchdog).await {
+                            return self.self_fence(reason);
+                        }
+                    } else if let Some(reason) = device_check::on_verdict(&self.cfg.node, self.own_key, verdict) {
                         return self.self_fence(reason);
                     }
                 }

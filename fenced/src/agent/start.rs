@@ -5,7 +5,7 @@
 use std::fs::File;
 use std::time::{Duration, Instant};
 
-use nvme_resv::{Acquire, AcquireAction, Cptpl, Key, Register, RegisterAction, ReservationType};
+use nvme_resv::{Acquire, AcquireAction, Key, Register, RegisterAction, ReservationType};
 
 use super::keepalive::spawn_keepalive;
 use super::{Agent, AgentConfig, AgentError, IoGate, blocking, boot, dev, identity};
@@ -177,6 +177,7 @@ impl Agent {
         let node = self.cfg.node.clone();
         let boot_id = self.cfg.boot_id.clone();
         let previous = self.previous_boot.clone();
+        let cptpl = self.cfg.cptpl;
         let (registered_before, held) = blocking(move || -> Result<_, AgentError> {
             let before = dev("unfence", device.report())?;
             let was = key_registered(&before, key);
@@ -191,7 +192,7 @@ impl Agent {
                         crkey: Key(0),
                         nrkey: key,
                         iekey: false,
-                        cptpl: Cptpl::NoChange,
+                        cptpl,
                     }),
                 )?;
             }

@@ -142,6 +142,10 @@ pub enum DeviceVerdict {
     /// Our key is not registered although this daemon registered it: we were
     /// preempted. Never re-register: self-fence.
     Preempted,
+    /// Our key is not registered because the device lost its reservation state (a
+    /// target restart without persistence: [`missing_key`](super::missing_key)):
+    /// register again only as [`recover`](super::recover) allows, else self-fence.
+    LostState,
 }
 
 /// Decides from `registered` (is our key in the report) and `reservation_held`.
