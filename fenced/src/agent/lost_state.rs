@@ -30,9 +30,10 @@ impl Agent {
     }
 
     /// The registration and the acquire must complete with this much of the lease
-    /// left: half the TTL (the keepalive renews every third of it).
+    /// left: a quarter of the TTL (the keepalive renews every third of it, and the
+    /// watchdog counts from up to a second before each renewal).
     fn recovery_budget(&self) -> Duration {
-        self.cfg.ttl / 2
+        self.cfg.ttl / 4
     }
 
     /// Registers our key again after a lost state, or says why not (`Err`: self-fence
@@ -67,9 +68,16 @@ impl Agent {
             lease_left: self.lease_left(watchdog),
             needed: self.recovery_budget(),
         };
-        if let Recovery::SelfFence(reason) = recover(&facts) {
-            self.cfg.observer.lost_state(false);
-            return Err(reason);
+        match recover(&facts) {
+            Recovery::Register => {}
+            Recovery::Wait(why) => {
+                tracing::warn!(step = "lost_state", node = %node, "not registering again yet: {why}");
+                return Ok(());
+            }
+            Recovery::SelfFence(reason) => {
+                self.cfg.observer.lost_state(false);
+                return Err(reason);
+            }
         }
         let cptpl = self.cfg.cptpl;
         let registered = blocking(move || register_and_hold(&device, key, cptpl)).await;

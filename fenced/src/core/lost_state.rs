@@ -15,7 +15,7 @@
 //!   the reservation if none is held, shutting out every unregistered host, the fenced
 //!   one included) only when its membership is still live (the lease it joined with,
 //!   read linearizably), its generation is the one it joined with, and its lease has
-//!   time left for the device commands: the check and the registration then land
+//!   time left for the device commands (else it waits for the next check): the check and the registration then land
 //!   before the lease can expire, hence before any controller may start a fence of it
 //!   (a controller fences only a node whose membership is gone). A fenced node never
 //!   qualifies: its membership is gone and its generation moved.
@@ -88,6 +88,9 @@ pub enum Recovery {
     /// Register our key again (with CPTPL where the device can persist) and acquire
     /// the reservation if none is held.
     Register,
+    /// Not now: too little of the lease is left for the device commands. Nothing is
+    /// wrong with us; the next device check (after the next renewal) decides again.
+    Wait(String),
     /// Do not register: self-fence with this reason.
     SelfFence(String),
 }
@@ -116,8 +119,8 @@ pub fn recover(f: &RecoveryFacts) -> Recovery {
         }
     }
     if f.lease_left < f.needed {
-        return Recovery::SelfFence(format!(
-            "the device lost its reservation state and our lease has {:?} left, less than the {:?} a registration may take: not registering again",
+        return Recovery::Wait(format!(
+            "our lease has {:?} left, less than the {:?} a registration may take: registering at the next device check",
             f.lease_left, f.needed
         ));
     }
@@ -233,14 +236,23 @@ mod tests {
             (facts(false, Some(3), 5000), "membership is gone"),
             (facts(true, Some(4), 5000), "moved from 3 to 4"),
             (facts(true, None, 5000), "generation record is gone"),
-            (facts(true, Some(3), 999), "less than"),
         ];
         for (f, why) in refused {
             match recover(&f) {
                 Recovery::SelfFence(r) => assert!(r.contains(why), "{r}"),
-                Recovery::Register => panic!("registered again: {f:?}"),
+                other => panic!("{other:?}: {f:?}"),
             }
         }
+        // Too little lease left: not now, and no self-fence either.
+        match recover(&facts(true, Some(3), 999)) {
+            Recovery::Wait(r) => assert!(r.contains("less than"), "{r}"),
+            other => panic!("{other:?}"),
+        }
+        // A fenced node with its lease still running locally is refused all the same.
+        assert!(matches!(
+            recover(&facts(false, Some(4), 5000)),
+            Recovery::SelfFence(_)
+        ));
     }
 
     #[test]
