@@ -1,8 +1,7 @@
 //! Issue 27 (invariant 9) against a real etcd with in-process daemons on the
 //! in-memory model of the namespace (`nvme_resv::model`, held to the kernel target by
 //! hwtests): the target loses every registration and the reservation while a node is
-//! fenced and its host could still write. The guest test with the kernel target and a
-//! writer that never stops is `fenced/scenarios/run-guest-target-reset.sh`.
+//! fenced and its host could still write.
 
 mod common;
 
