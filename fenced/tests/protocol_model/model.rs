@@ -79,6 +79,15 @@ pub struct Protocol {
     /// gone" as the evidence, and after a release (no reservation: every host may
     /// write) the victim keeps writing the arena the fence frees.
     pub fence_needs_reservation: bool,
+    /// Issue 26, hole 4: a start that gives up after its `unfence` registered the key
+    /// (`claim_arenas` finds the membership lost) unregisters the key it registered
+    /// itself, and only that one (agent/start.rs `unregister_after_failed_start`): a
+    /// key an earlier instance registered may serve that instance's application, and
+    /// the fence that is owed removes it. Without it (the code before issue 26) the
+    /// key stays on the device after the node's generation was bumped, and the next
+    /// start on this boot is refused, so nothing removes it. Only with
+    /// [`Config::failed_start`].
+    pub unregister_after_failed_start: bool,
 }
 
 impl Protocol {
@@ -98,6 +107,7 @@ impl Protocol {
         leave_allows_register: false,
         leave_allows_register_always: false,
         fence_needs_reservation: false,
+        unregister_after_failed_start: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -117,6 +127,7 @@ impl Protocol {
         unregister_before_release: true,
         leave_allows_register: true,
         fence_needs_reservation: true,
+        unregister_after_failed_start: true,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -173,6 +184,13 @@ pub struct Config {
     /// dies with the daemon, so every fresh start is as good as one after a reboot and
     /// the restart refusal never applies.
     pub host: bool,
+    /// Issue 26, hole 4: `claim_arena` on a lost membership is the start's failure
+    /// (`LostMembership`: the daemon exits, unregistering its key per
+    /// [`Protocol::unregister_after_failed_start`]), as in agent/start.rs. Off, the
+    /// older abstraction stays: the gate opens with no arena adopted and the agent
+    /// exits later by `self_fence`. Off in the configurations pinned before issue 26,
+    /// so their state counts stay.
+    pub failed_start: bool,
 }
 
 /// Agent phase (`fenced/src/agent/`: `start` then `run` then `leave`).
@@ -416,6 +434,12 @@ pub mod seen {
     pub const REGISTER_REFUSED: u16 = 1 << 11;
     /// An instance registered the key again on a boot a clean leave had unregistered.
     pub const LEFT_THEN_REGISTERED: u16 = 1 << 12;
+    /// Issue 26, hole 4: a start registered the key after the node's fence was
+    /// confirmed, found its membership lost at `claim_arena`, and gave up.
+    pub const FAILED_START_AFTER_FENCE: u16 = 1 << 15;
+    /// Issue 26, hole 4: a start that gave up found the key registered by an earlier
+    /// instance, and left it for the owed fence.
+    pub const FAILED_START_KEPT_EARLIER_KEY: u16 = 1 << 14;
 }
 
 /// Per-node ghost state (never read by the protocol, only by properties).
@@ -434,6 +458,9 @@ pub struct Ghost {
     pub aborted: bool,
     /// A watch lost this node's DELETE (cleared at bump).
     pub lost: bool,
+    /// Issue 26, hole 4: the node's last start gave up at `claim_arena` on a lost
+    /// membership ([`Config::failed_start`]; cleared by `join`).
+    pub gave_up: bool,
 }
 
 /// The whole system.
@@ -736,6 +763,7 @@ impl ProtocolModel {
             orphaned: false,
             aborted: false,
             lost: false,
+            gave_up: false,
         };
         let host = Host {
             boot: 1,
@@ -819,6 +847,7 @@ impl ProtocolModel {
                 t.ghost[n].orphaned = false;
                 t.ghost[n].aborted = false;
                 t.ghost[n].lost = false;
+                t.ghost[n].gave_up = false;
             }
             Action::Unfence(n) => {
                 let n = n as usize;
@@ -834,6 +863,11 @@ impl ProtocolModel {
                     t.etcd.reg_boot[n] = s.hosts[n].boot;
                     t.agents[n].registered_it = true;
                 }
+                if self.cfg.failed_start && !s.registered[n] {
+                    // Also without the host model: the failed start's unregister
+                    // removes only a key this start registered.
+                    t.agents[n].registered_it = true;
+                }
                 t.registered[n] = true;
                 // agent/mod.rs `unfence`: creates the reservation if none is held.
                 t.reservation = true;
@@ -846,6 +880,9 @@ impl ProtocolModel {
                     return None;
                 }
                 let live = s.etcd.member[n] == Some(ag.instance);
+                if !live && p.adopt_requires_live_membership && self.cfg.failed_start {
+                    return Some(self.failed_start(s, n));
+                }
                 let mut using = [false; A];
                 for (a, u) in using.iter_mut().enumerate() {
                     if s.etcd.owner[a] == Some(n as u8) {
@@ -998,6 +1035,26 @@ impl ProtocolModel {
             _ => unreachable!("not an agent action"),
         }
         Some(t)
+    }
+
+    /// Issue 26, hole 4: `claim_arena` of node `n` finds its membership lost
+    /// (agent/start.rs: `adopt_arenas` answers `LostMembership`) and the start gives
+    /// up. No gate was opened, so no writer outlives it; what it may leave is the key.
+    fn failed_start(&self, s: &State, n: usize) -> State {
+        let mut t = s.clone();
+        if self.cfg.protocol.unregister_after_failed_start && s.agents[n].registered_it {
+            // `unregister_checked`: unregister, then a report shows the key gone.
+            t.registered[n] = false;
+        }
+        if s.etcd.done[n].is_some() {
+            t.seen |= seen::FAILED_START_AFTER_FENCE;
+        }
+        if s.registered[n] && !s.agents[n].registered_it {
+            t.seen |= seen::FAILED_START_KEPT_EARLIER_KEY;
+        }
+        t.ghost[n].gave_up = true;
+        t.daemon_stops(n, self.cfg.host);
+        t
     }
 
     fn env_step(&self, s: &State, act: Action) -> Option<State> {
@@ -1615,6 +1672,19 @@ impl Model for ProtocolModel {
             props.push(sometimes_seen!(S_UNFENCE_REJOIN, UNFENCED_THEN_JOINED));
             props.push(sometimes_seen!(S_REBOOT_REJOIN, REBOOTED_THEN_JOINED));
         }
+        if self.cfg.failed_start {
+            props.push(Property::always(I6_GAVE_UP_NO_KEY, |_, s: &State| {
+                (0..N).all(|n| !s.ghost[n].gave_up || !s.registered[n] || s.etcd.done[n].is_none())
+            }));
+            props.push(sometimes_seen!(
+                S_FAILED_START_AFTER_FENCE,
+                FAILED_START_AFTER_FENCE
+            ));
+            props.push(sometimes_seen!(
+                S_FAILED_START_KEPT_EARLIER_KEY,
+                FAILED_START_KEPT_EARLIER_KEY
+            ));
+        }
         if self.cfg.start_expired {
             props.push(Property::eventually(L3_FENCED, |_, s: &State| {
                 !s.ghost[1].owed
@@ -1646,6 +1716,13 @@ pub const I4_NO_SELF_EXEMPTION: &str = "I4 an expired node cannot exempt itself"
 pub const I5_UNCONFIRMED: &str = "I5 an unconfirmed fence never bumps";
 /// Invariant 5: an owed fence is never marked done without a bump.
 pub const I5_STAYS_OWED: &str = "I5 an owed fence stays owed until bumped";
+/// Invariant 6 (issue 26, hole 4): once a start gave up on a lost membership, the
+/// device does not hold the node's key while its fence is confirmed (generation
+/// bumped, `fence_done` written). The key is the host's, not the daemon's: any process
+/// of a host the cluster gave up on writes with it, so the property is stated on the
+/// key, not on the model's writers (none outlives a start that gave up).
+pub const I6_GAVE_UP_NO_KEY: &str =
+    "I6 a start that gave up leaves no key of a fenced node on the device";
 /// Liveness (invariant 3).
 pub const L3_FENCED: &str = "L3 an expired non-departed node is eventually fenced";
 /// Reachability witnesses.
@@ -1677,6 +1754,12 @@ pub const S_REBOOT_REJOIN: &str = "a fenced node rejoined after its host reboote
 /// Reachability (host model).
 pub const S_LEFT_THEN_REGISTERED: &str =
     "a start after a clean leave registered again on the same boot";
+/// Reachability ([`Config::failed_start`]).
+pub const S_FAILED_START_AFTER_FENCE: &str =
+    "a start registered after its node's fence, lost its membership and gave up";
+/// Reachability ([`Config::failed_start`]).
+pub const S_FAILED_START_KEPT_EARLIER_KEY: &str =
+    "a start that gave up left the key an earlier instance registered to the fence";
 /// Reachability (host model).
 pub const S_REGISTER_REFUSED: &str =
     "an instance that joined before a fence refused to register after it";
