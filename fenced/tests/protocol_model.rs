@@ -148,6 +148,7 @@ fn cfg(protocol: Protocol, budget: Budget) -> Config {
         budget,
         start_expired: false,
         host: false,
+        failed_start: false,
     }
 }
 
@@ -825,3 +826,91 @@ fn a_fence_confirmed_with_no_reservation_held_is_caught() {
 
 #[path = "protocol_model/target_reset_tests.rs"]
 mod target_reset_tests;
+
+// ---------------------------------------------------------------- issue 26, hole 4
+
+/// The host model with a failed start ([`Config::failed_start`]): `claim_arena` on a
+/// lost membership is the start giving up.
+fn failed_start_cfg(protocol: Protocol, budget: Budget) -> Config {
+    Config {
+        failed_start: true,
+        ..host_cfg(protocol, budget)
+    }
+}
+
+/// Issue 26, hole 4: registration after membership loss. n1 leaves cleanly (so the
+/// next start on this boot may register), starts again, and loses its new membership
+/// before `unfence`; the fence severs (nothing registered yet) and verifies; then
+/// `unfence` registers (its membership check passed before the lease expired), the
+/// fence bumps, and `claim_arena` finds the membership lost. The code before issue 26 gave up with
+/// the key on the device of a host the cluster had given up on (I6), and the next
+/// start on this boot is refused, so nothing removes it. SAFE unregisters the key this
+/// start registered (only that one: a key an earlier instance registered is left to
+/// the owed fence, which severs it).
+#[test]
+fn a_start_that_gave_up_after_registering_leaves_no_key() {
+    let budget = Budget {
+        restarts: 1,
+        departures: 1,
+        ..NONE
+    };
+    let before = Protocol {
+        unregister_after_failed_start: false,
+        ..Protocol::SAFE
+    };
+    let steps =
+        find(failed_start_cfg(before, budget), I6_GAVE_UP_NO_KEY).expect("I6 must be violated");
+    let last = |what: &str| steps.iter().rposition(|s| s.contains(what));
+    let verify = last("[verify]").expect("the fence confirmed");
+    let unfence = last(": unfence").expect("the start registered");
+    let claim = last(": claim_arena").expect("the start gave up at claim_arena");
+    assert!(verify < unfence && unfence < claim, "{steps:?}");
+    assert!(last("[bump").is_some_and(|b| b < claim), "{steps:?}");
+    assert_eq!(claim, steps.len() - 1, "{steps:?}");
+    assert_no_step(&steps, &["reboot", "operator:"]);
+    // Also without the host model.
+    let no_host = Config {
+        host: false,
+        ..failed_start_cfg(before, budget)
+    };
+    assert!(find(no_host.clone(), I6_GAVE_UP_NO_KEY).is_some());
+    // The fix, same budget: every property holds, and a start gives up after its
+    // node's fence.
+    check_safe(
+        failed_start_cfg(Protocol::SAFE, budget),
+        &[
+            S_FENCED,
+            S_HONOURED,
+            S_LEFT_THEN_REGISTERED,
+            S_FAILED_START_AFTER_FENCE,
+        ],
+        (98_725, 344_035),
+    );
+    let no_host = Config {
+        protocol: Protocol::SAFE,
+        ..no_host
+    };
+    assert!(find(no_host, I6_GAVE_UP_NO_KEY).is_none());
+}
+
+/// Issue 26, hole 4, the other side: a start that found the key registered by an
+/// earlier instance (whose application may still write) and then gives up leaves
+/// that key to the owed fence, which severs it: no fenced node's key stays, and no
+/// writer writes a freed arena (I1), with two expiries and a restart.
+#[test]
+fn a_start_that_gave_up_leaves_an_earlier_instances_key_to_the_fence() {
+    let budget = Budget {
+        expiries: 2,
+        restarts: 1,
+        ..NONE
+    };
+    check_safe(
+        failed_start_cfg(Protocol::SAFE, budget),
+        &[
+            S_FENCED,
+            S_ARENA_REASSIGNED,
+            S_FAILED_START_KEPT_EARLIER_KEY,
+        ],
+        (127_786, 549_037),
+    );
+}

@@ -86,6 +86,15 @@ pub struct Protocol {
     /// Issue 27: what an agent does when the target lost all reservation state
     /// (see `target_reset.rs`).
     pub target_reset: TargetReset,
+    /// Issue 26, hole 4: a start that gives up after its `unfence` registered the key
+    /// (`claim_arenas` finds the membership lost) unregisters the key it registered
+    /// itself, and only that one (agent/start.rs `unregister_after_failed_start`): a
+    /// key an earlier instance registered may serve that instance's application, and
+    /// the fence that is owed removes it. Without it (the code before issue 26) the
+    /// key stays on the device after the node's generation was bumped, and the next
+    /// start on this boot is refused, so nothing removes it. Only with
+    /// [`Config::failed_start`].
+    pub unregister_after_failed_start: bool,
 }
 
 impl Protocol {
@@ -106,6 +115,7 @@ impl Protocol {
         leave_allows_register_always: false,
         fence_needs_reservation: false,
         target_reset: TargetReset::SelfFence,
+        unregister_after_failed_start: false,
     };
     /// The protocol this model proves: the code with the three fixes the model asked
     /// for (the arena fix on the agent's side). All three are now in `fenced/src`:
@@ -126,6 +136,7 @@ impl Protocol {
         leave_allows_register: true,
         fence_needs_reservation: true,
         target_reset: TargetReset::Recover,
+        unregister_after_failed_start: true,
         ..Self::CODE_AT_9866C49
     };
 }
@@ -184,6 +195,13 @@ pub struct Config {
     /// dies with the daemon, so every fresh start is as good as one after a reboot and
     /// the restart refusal never applies.
     pub host: bool,
+    /// Issue 26, hole 4: `claim_arena` on a lost membership is the start's failure
+    /// (`LostMembership`: the daemon exits, unregistering its key per
+    /// [`Protocol::unregister_after_failed_start`]), as in agent/start.rs. Off, the
+    /// older abstraction stays: the gate opens with no arena adopted and the agent
+    /// exits later by `self_fence`. Off in the configurations pinned before issue 26,
+    /// so their state counts stay.
+    pub failed_start: bool,
 }
 
 /// Agent phase (`fenced/src/agent/`: `start` then `run` then `leave`).
@@ -401,32 +419,38 @@ pub enum End {
 /// Witness bits for `sometimes` properties (ghost).
 pub mod seen {
     /// A re-registration (`join`) dropped a recorded intent.
-    pub const JOIN_DROPPED_INTENT: u16 = 1 << 0;
+    pub const JOIN_DROPPED_INTENT: u32 = 1 << 0;
     /// A sweep-triggered run bumped a node whose fence had been orphaned by a
     /// controller crash after its claim.
-    pub const CRASH_RECOVERED_BY_SWEEP: u16 = 1 << 1;
+    pub const CRASH_RECOVERED_BY_SWEEP: u32 = 1 << 1;
     /// A departure marker was honoured (a run or the sweep saw it and did not fence).
-    pub const DEPARTURE_HONOURED: u16 = 1 << 2;
+    pub const DEPARTURE_HONOURED: u32 = 1 << 2;
     /// An expired node's `depart` was refused.
-    pub const DEPART_REFUSED: u16 = 1 << 3;
+    pub const DEPART_REFUSED: u32 = 1 << 3;
     /// A fence was aborted (not confirmed) and the node was later bumped.
-    pub const ABORTED_THEN_FENCED: u16 = 1 << 4;
+    pub const ABORTED_THEN_FENCED: u32 = 1 << 4;
     /// A finishing transaction was refused because the claim was lost.
-    pub const CLAIM_LOST_AT_BUMP: u16 = 1 << 5;
+    pub const CLAIM_LOST_AT_BUMP: u32 = 1 << 5;
     /// A sweep run's `recheck_intent` refused an aged snapshot.
-    pub const STALE_SNAPSHOT_REFUSED: u16 = 1 << 6;
+    pub const STALE_SNAPSHOT_REFUSED: u32 = 1 << 6;
     /// A bump completed by a sweep after the watch lost the event.
-    pub const LOST_EVENT_FENCED_BY_SWEEP: u16 = 1 << 7;
+    pub const LOST_EVENT_FENCED_BY_SWEEP: u32 = 1 << 7;
     /// A fresh start of a fenced node on the same boot was refused.
-    pub const RESTART_REFUSED: u16 = 1 << 8;
+    pub const RESTART_REFUSED: u32 = 1 << 8;
     /// A fenced node joined again after an operator's `unfence` (same boot).
-    pub const UNFENCED_THEN_JOINED: u16 = 1 << 9;
+    pub const UNFENCED_THEN_JOINED: u32 = 1 << 9;
     /// A fenced node joined again after its host rebooted.
-    pub const REBOOTED_THEN_JOINED: u16 = 1 << 10;
+    pub const REBOOTED_THEN_JOINED: u32 = 1 << 10;
     /// An instance that joined refused to register a key this boot had registered.
-    pub const REGISTER_REFUSED: u16 = 1 << 11;
+    pub const REGISTER_REFUSED: u32 = 1 << 11;
     /// An instance registered the key again on a boot a clean leave had unregistered.
-    pub const LEFT_THEN_REGISTERED: u16 = 1 << 12;
+    pub const LEFT_THEN_REGISTERED: u32 = 1 << 12;
+    /// Issue 26, hole 4: a start registered the key after the node's fence was
+    /// confirmed, found its membership lost at `claim_arena`, and gave up.
+    pub const FAILED_START_AFTER_FENCE: u32 = 1 << 15;
+    /// Issue 26, hole 4: a start that gave up found the key registered by an earlier
+    /// instance, and left it for the owed fence.
+    pub const FAILED_START_KEPT_EARLIER_KEY: u32 = 1 << 14;
 }
 
 /// Per-node ghost state (never read by the protocol, only by properties).
@@ -445,6 +469,9 @@ pub struct Ghost {
     pub aborted: bool,
     /// A watch lost this node's DELETE (cleared at bump).
     pub lost: bool,
+    /// Issue 26, hole 4: the node's last start gave up at `claim_arena` on a lost
+    /// membership ([`Config::failed_start`]; cleared by `join`).
+    pub gave_up: bool,
 }
 
 /// The whole system.
@@ -472,7 +499,7 @@ pub struct State {
     /// A live member was bumped (ghost).
     pub member_bumped: bool,
     /// Witness bits (ghost).
-    pub seen: u16,
+    pub seen: u32,
     /// Issue 27: lost states so far (what the reservation generation going back shows).
     pub reset_epoch: u8,
     /// Issue 27: the `reset_epoch` each agent last saw with its key registered.
@@ -762,6 +789,7 @@ impl ProtocolModel {
             orphaned: false,
             aborted: false,
             lost: false,
+            gave_up: false,
         };
         let host = Host {
             boot: 1,
@@ -848,6 +876,7 @@ impl ProtocolModel {
                 t.ghost[n].orphaned = false;
                 t.ghost[n].aborted = false;
                 t.ghost[n].lost = false;
+                t.ghost[n].gave_up = false;
             }
             Action::Unfence(n) => {
                 let n = n as usize;
@@ -863,6 +892,11 @@ impl ProtocolModel {
                     t.etcd.reg_boot[n] = s.hosts[n].boot;
                     t.agents[n].registered_it = true;
                 }
+                if self.cfg.failed_start && !s.registered[n] {
+                    // Also without the host model: the failed start's unregister
+                    // removes only a key this start registered.
+                    t.agents[n].registered_it = true;
+                }
                 t.registered[n] = true;
                 t.seen_epoch[n] = s.reset_epoch;
                 // agent/mod.rs `unfence`: creates the reservation if none is held.
@@ -876,6 +910,9 @@ impl ProtocolModel {
                     return None;
                 }
                 let live = s.etcd.member[n] == Some(ag.instance);
+                if !live && p.adopt_requires_live_membership && self.cfg.failed_start {
+                    return Some(self.failed_start(s, n));
+                }
                 let mut using = [false; A];
                 for (a, u) in using.iter_mut().enumerate() {
                     if s.etcd.owner[a] == Some(n as u8) {
@@ -1030,6 +1067,26 @@ impl ProtocolModel {
             _ => unreachable!("not an agent action"),
         }
         Some(t)
+    }
+
+    /// Issue 26, hole 4: `claim_arena` of node `n` finds its membership lost
+    /// (agent/start.rs: `adopt_arenas` answers `LostMembership`) and the start gives
+    /// up. No gate was opened, so no writer outlives it; what it may leave is the key.
+    fn failed_start(&self, s: &State, n: usize) -> State {
+        let mut t = s.clone();
+        if self.cfg.protocol.unregister_after_failed_start && s.agents[n].registered_it {
+            // `unregister_checked`: unregister, then a report shows the key gone.
+            t.registered[n] = false;
+        }
+        if s.etcd.done[n].is_some() {
+            t.seen |= seen::FAILED_START_AFTER_FENCE;
+        }
+        if s.registered[n] && !s.agents[n].registered_it {
+            t.seen |= seen::FAILED_START_KEPT_EARLIER_KEY;
+        }
+        t.ghost[n].gave_up = true;
+        t.daemon_stops(n, self.cfg.host);
+        t
     }
 
     fn env_step(&self, s: &State, act: Action) -> Option<State> {
@@ -1666,6 +1723,19 @@ impl Model for ProtocolModel {
                 s.seen & SEEN_PEER_RECOVERED != 0
             }));
         }
+        if self.cfg.failed_start {
+            props.push(Property::always(I6_GAVE_UP_NO_KEY, |_, s: &State| {
+                (0..N).all(|n| !s.ghost[n].gave_up || !s.registered[n] || s.etcd.done[n].is_none())
+            }));
+            props.push(sometimes_seen!(
+                S_FAILED_START_AFTER_FENCE,
+                FAILED_START_AFTER_FENCE
+            ));
+            props.push(sometimes_seen!(
+                S_FAILED_START_KEPT_EARLIER_KEY,
+                FAILED_START_KEPT_EARLIER_KEY
+            ));
+        }
         if self.cfg.start_expired {
             props.push(Property::eventually(L3_FENCED, |_, s: &State| {
                 !s.ghost[1].owed
@@ -1697,6 +1767,13 @@ pub const I4_NO_SELF_EXEMPTION: &str = "I4 an expired node cannot exempt itself"
 pub const I5_UNCONFIRMED: &str = "I5 an unconfirmed fence never bumps";
 /// Invariant 5: an owed fence is never marked done without a bump.
 pub const I5_STAYS_OWED: &str = "I5 an owed fence stays owed until bumped";
+/// Invariant 6 (issue 26, hole 4): once a start gave up on a lost membership, the
+/// device does not hold the node's key while its fence is confirmed (generation
+/// bumped, `fence_done` written). The key is the host's, not the daemon's: any process
+/// of a host the cluster gave up on writes with it, so the property is stated on the
+/// key, not on the model's writers (none outlives a start that gave up).
+pub const I6_GAVE_UP_NO_KEY: &str =
+    "I6 a start that gave up leaves no key of a fenced node on the device";
 /// Liveness (invariant 3).
 pub const L3_FENCED: &str = "L3 an expired non-departed node is eventually fenced";
 /// Reachability witnesses.
@@ -1728,6 +1805,12 @@ pub const S_REBOOT_REJOIN: &str = "a fenced node rejoined after its host reboote
 /// Reachability (host model).
 pub const S_LEFT_THEN_REGISTERED: &str =
     "a start after a clean leave registered again on the same boot";
+/// Reachability ([`Config::failed_start`]).
+pub const S_FAILED_START_AFTER_FENCE: &str =
+    "a start registered after its node's fence, lost its membership and gave up";
+/// Reachability ([`Config::failed_start`]).
+pub const S_FAILED_START_KEPT_EARLIER_KEY: &str =
+    "a start that gave up left the key an earlier instance registered to the fence";
 /// Reachability (host model).
 pub const S_REGISTER_REFUSED: &str =
     "an instance that joined before a fence refused to register after it";

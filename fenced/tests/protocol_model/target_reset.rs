@@ -51,9 +51,9 @@ pub enum TargetReset {
 }
 
 /// Witness: a live agent registered again after a lost state.
-pub const SEEN_RECOVERED: u16 = 1 << 15;
+pub const SEEN_RECOVERED: u32 = 1 << 16;
 /// Witness: a live agent registered again after a peer had already re-acquired.
-pub const SEEN_PEER_RECOVERED: u16 = 1 << 14;
+pub const SEEN_PEER_RECOVERED: u32 = 1 << 17;
 
 /// Reachability: a live agent closed the window.
 pub const S_RECOVERED: &str = "a live agent re-registered and re-acquired after a lost state";
