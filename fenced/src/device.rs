@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use nvme_resv::{
-    Cptpl, Key, NamespaceIdentity, Register, RegisterAction, ReservationStatus, ReservationType,
-    Reservations,
+    Acquire, AcquireAction, Cptpl, Key, NamespaceIdentity, Register, RegisterAction,
+    ReservationStatus, ReservationType, Reservations,
 };
 
 use crate::observe::Observer;
@@ -59,6 +59,41 @@ pub fn unregister_checked(device: &Device, key: Key) -> nvme_resv::Result<bool> 
         cptpl: Cptpl::NoChange,
     })?;
     Ok(key_registered(&device.report()?, key))
+}
+
+/// Registers `key` unless `registered` (what the caller's report showed), then
+/// acquires [`RESERVATION_TYPE`] if no reservation is held; a peer that acquires in
+/// between is fine, our acquire failing then is not an error. Returns the type held
+/// afterwards. Blocking: call it on `spawn_blocking`. Used by the unfence at start and
+/// by the re-registration after the target lost its reservation state.
+pub fn register_and_hold(
+    device: &Device,
+    key: Key,
+    registered: bool,
+    cptpl: Cptpl,
+) -> nvme_resv::Result<ReservationType> {
+    if !registered {
+        device.register(&Register {
+            rrega: RegisterAction::Register,
+            crkey: Key(0),
+            nrkey: key,
+            iekey: false,
+            cptpl,
+        })?;
+    }
+    if device.report()?.rtype == ReservationType::NONE
+        && let Err(e) = device.acquire(&Acquire {
+            racqa: AcquireAction::Acquire,
+            rtype: RESERVATION_TYPE,
+            crkey: key,
+            prkey: Key(0),
+            iekey: false,
+        })
+        && device.report()?.rtype == ReservationType::NONE
+    {
+        return Err(e);
+    }
+    Ok(device.report()?.rtype)
 }
 
 /// A boxed, sendable future (the same type as `fencer::BoxFuture`).

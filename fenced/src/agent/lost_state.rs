@@ -10,11 +10,9 @@
 
 use std::time::{Duration, Instant};
 
-use nvme_resv::{Acquire, AcquireAction, Key, Register, RegisterAction, ReservationType};
-
 use super::{Agent, blocking};
 use crate::core::{Recovery, RecoveryFacts, Watchdog, WatchdogVerdict, after_register, recover};
-use crate::device::{RESERVATION_TYPE, key_registered, unregister_checked};
+use crate::device::{key_registered, register_and_hold, unregister_checked};
 
 impl Agent {
     /// Time left on our lease now, as the watchdog counts it (from the earliest the
@@ -80,7 +78,11 @@ impl Agent {
             }
         }
         let cptpl = self.cfg.cptpl;
-        let registered = blocking(move || register_and_hold(&device, key, cptpl)).await;
+        let registered = blocking(move || {
+            let was = key_registered(&device.report()?, key);
+            register_and_hold(&device, key, was, cptpl)
+        })
+        .await;
         let held = match registered {
             Ok(held) => held,
             Err(e) => {
@@ -101,35 +103,4 @@ impl Agent {
         tracing::error!(step = "lost_state", node = %node, key = format_args!("{:#x}", key.0), generation = self.joined.generation, rtype = held.0, lease_left = ?left, "the shared device lost its reservation state: registered our key again (a live member, generation unchanged) and a reservation is held: every unregistered host, any fenced one included, is refused again");
         Ok(())
     }
-}
-
-/// Registers `key` (if not registered yet) and acquires the reservation if none is
-/// held; a peer's acquire in between is fine. The type held afterwards. Blocking.
-fn register_and_hold(
-    device: &crate::device::Device,
-    key: Key,
-    cptpl: nvme_resv::Cptpl,
-) -> nvme_resv::Result<ReservationType> {
-    if !key_registered(&device.report()?, key) {
-        device.register(&Register {
-            rrega: RegisterAction::Register,
-            crkey: Key(0),
-            nrkey: key,
-            iekey: false,
-            cptpl,
-        })?;
-    }
-    if device.report()?.rtype == ReservationType::NONE
-        && let Err(e) = device.acquire(&Acquire {
-            racqa: AcquireAction::Acquire,
-            rtype: RESERVATION_TYPE,
-            crkey: key,
-            prkey: Key(0),
-            iekey: false,
-        })
-        && device.report()?.rtype == ReservationType::NONE
-    {
-        return Err(e);
-    }
-    Ok(device.report()?.rtype)
 }

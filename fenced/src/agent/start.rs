@@ -5,11 +5,11 @@
 use std::fs::File;
 use std::time::{Duration, Instant};
 
-use nvme_resv::{Acquire, AcquireAction, Key, Register, RegisterAction, ReservationType};
+use nvme_resv::Key;
 
 use super::keepalive::spawn_keepalive;
 use super::{Agent, AgentConfig, AgentError, IoGate, blocking, boot, dev, identity};
-use crate::device::{Device, RESERVATION_TYPE, key_registered, unregister_checked};
+use crate::device::{Device, key_registered, register_and_hold, unregister_checked};
 use crate::store::{EtcdStore, RestartState};
 
 impl Agent {
@@ -184,40 +184,9 @@ impl Agent {
             if let Some(boot_id) = &boot_id {
                 boot::check_register(&node, previous.as_ref(), boot_id, was)?;
             }
-            if !was {
-                dev(
-                    "unfence",
-                    device.register(&Register {
-                        rrega: RegisterAction::Register,
-                        crkey: Key(0),
-                        nrkey: key,
-                        iekey: false,
-                        cptpl,
-                    }),
-                )?;
-            }
-            let now = dev("unfence", device.report())?;
-            if now.rtype == ReservationType::NONE {
-                let r = device.acquire(&Acquire {
-                    racqa: AcquireAction::Acquire,
-                    rtype: RESERVATION_TYPE,
-                    crkey: key,
-                    prkey: Key(0),
-                    iekey: false,
-                });
-                // A peer may have acquired between our report and our acquire.
-                if let Err(e) = r {
-                    let again = dev("unfence", device.report())?;
-                    if again.rtype == ReservationType::NONE {
-                        return Err(AgentError::Device {
-                            step: "unfence",
-                            source: e,
-                        });
-                    }
-                }
-            }
-            let after = dev("unfence", device.report())?;
-            Ok((was, after.rtype))
+            // A peer may acquire between our report and our acquire: fine.
+            let held = dev("unfence", register_and_hold(&device, key, was, cptpl))?;
+            Ok((was, held))
         })
         .await?;
         self.registered_it = !registered_before;
