@@ -13,7 +13,8 @@
 //!    the generation guard.
 //! 3. "Fenced, stop" is: a write error for which `blockio::Error::may_be_fenced()` is
 //!    true (a reservation conflict, `EBADE`; a write failed with `EIO` by a
-//!    preempt-and-abort), or a guarded transaction refused. It never retries either: it
+//!    preempt-and-abort, which the writer's `ReservationProbe` classifies by reading
+//!    the reservation report), or a guarded transaction refused. It never retries either: it
 //!    exits with status 10 at once. Anything else is an ordinary error (status 1).
 //!
 //! Each round writes one 4 KiB block at `offset = round * 4096` and records it in
@@ -79,11 +80,15 @@ async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
     println!("app_writer: {node} at generation {generation}");
 
     // 2. Writes through blockio, metadata under the guard.
+    //    A write in flight when the node is preempted-and-aborted fails with EIO; the
+    //    probe reads the reservation report and turns it into a reservation conflict
+    //    when this node's key is gone.
+    let key = nvme_resv::key_for_node(node.as_str());
+    let probe = blockio::ReservationProbe::new(nvme_resv::Namespace::open(&device)?, key);
+    let options = blockio::Options::default().fence_probe(std::sync::Arc::new(probe));
     let dev = device.clone();
-    let mut writer = tokio::task::spawn_blocking(move || {
-        blockio::DirectWriter::open(&dev, blockio::Options::default())
-    })
-    .await??;
+    let mut writer =
+        tokio::task::spawn_blocking(move || blockio::DirectWriter::open(&dev, options)).await??;
     for round in 0..count {
         let offset = round * 4096;
         let (w, r) = tokio::task::spawn_blocking(move || {
@@ -101,7 +106,10 @@ async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
             Ok(()) => {}
             // 3. Fenced: stop at once, never retry.
             Err(e) if e.may_be_fenced() => {
-                println!("app_writer: FENCED: write at {offset} refused: {e}: stopping");
+                println!(
+                    "app_writer: FENCED: write at {offset} refused: {}: stopping",
+                    with_causes(&e)
+                );
                 return Ok(ExitCode::from(EXIT_FENCED));
             }
             Err(e) => return Err(format!("write at {offset} on {device}: {e}").into()),
@@ -122,4 +130,17 @@ async fn run() -> Result<ExitCode, Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `e` and each of its sources, `: `-separated: the cause of a refused write (EBADE or
+/// the EIO of an aborted write) is in the source, not in the top-level message.
+fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
 }
