@@ -37,10 +37,11 @@
 //! `controller/` is read by the controllers only (one watch each): it orders who
 //! claims a death first and who sweeps (`core::Roster`), never who may.
 //!
-//! Everything read back from etcd is decoded by the functions of [`decode`]
-//! (`decode_*`, re-exported here) and the key parsers of [`Keys`], each returning a typed [`Malformed`] instead of guessing: a value
-//! another tool, an operator or a bug wrote must never stop the sweep for every other
-//! node, nor be taken for something it does not say.
+//! Everything read back from etcd is decoded by the functions of `keys/decode.rs`
+//! (`decode_*`, re-exported here) and the key parsers of [`Keys`], each returning a
+//! typed [`Malformed`] instead of guessing: a value another tool, an operator or a bug
+//! wrote must never stop the sweep for every other node, nor be taken for something
+//! it does not say.
 
 mod decode;
 
