@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use super::{Confirmation, FenceStep, Trigger, Victim};
+use super::{ClaimBudget, Confirmation, FenceStep, Trigger, Victim, check_claim_age};
 
 /// The outcome of the claim transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,99 +144,6 @@ pub struct StepFailure {
     pub step: FenceStep,
     /// Why.
     pub failure: FenceFailure,
-}
-
-/// How a claim lease's TTL is shared out between what happens under the claim (issue
-/// 26, hole 3). The lease is never renewed and its TTL runs from its grant, not from
-/// the claim: a spare is granted ahead, so the claim that wins it may find it
-/// [`spare_max_age`](Self::spare_max_age) old; the claim transaction (and its retries)
-/// has [`before_sever`](Self::before_sever); the Fencer [`sever`](Self::sever) (every
-/// Fencer's deadline must fit in it: the EBS fencer's is checked at start); and
-/// [`margin`](Self::margin) is kept between the end of the longest sever and the
-/// lease's expiry (a detach the cloud applies a moment after its call, a host clock
-/// that runs slow against etcd's). The four add up to the TTL.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ClaimBudget {
-    ttl: Duration,
-}
-
-impl ClaimBudget {
-    /// The budget of a claim lease of `ttl`.
-    pub fn new(ttl: Duration) -> Self {
-        Self { ttl }
-    }
-
-    /// The claim lease's TTL.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The oldest a spare lease may be when a claim takes it: a quarter of the TTL.
-    pub fn spare_max_age(&self) -> Duration {
-        self.ttl / 4
-    }
-
-    /// From taking the lease to the start of the sever, in the worst case: an eighth.
-    pub fn before_sever(&self) -> Duration {
-        self.ttl / 8
-    }
-
-    /// Kept between the end of the longest sever and the lease's expiry: an eighth.
-    pub fn margin(&self) -> Duration {
-        self.ttl / 8
-    }
-
-    /// The longest a sever may take: the rest, half the TTL.
-    pub fn sever(&self) -> Duration {
-        self.ttl
-            .saturating_sub(self.spare_max_age())
-            .saturating_sub(self.before_sever())
-            .saturating_sub(self.margin())
-    }
-
-    /// The oldest the claim's lease may be when the sever starts (three eighths).
-    pub fn latest_sever_start(&self) -> Duration {
-        self.spare_max_age() + self.before_sever()
-    }
-
-    /// Whether a Fencer whose sever ends within `deadline` fits the budget.
-    pub fn fits_sever(&self, deadline: Duration) -> bool {
-        !deadline.is_zero() && deadline <= self.sever()
-    }
-
-    /// The shortest claim TTL, in whole seconds (etcd's unit), whose budget fits a
-    /// sever of `deadline`.
-    pub fn min_ttl_secs_for(deadline: Duration) -> u64 {
-        let twice = deadline.saturating_mul(2);
-        let mut secs = twice.as_secs() + u64::from(twice.subsec_nanos() > 0);
-        while !Self::new(Duration::from_secs(secs)).fits_sever(deadline) {
-            secs += 1;
-        }
-        secs
-    }
-}
-
-/// Whether a controller whose claim's lease was granted `lease_age` ago (claim TTL
-/// `ttl`) may still sever: only while the longest sever and the margin end before the
-/// lease expires ([`ClaimBudget`]). Once the claim is gone the victim may have
-/// started afresh and joined, and the preempt would sever the new, healthy
-/// incarnation (found by `tests/fault_schedules.rs`: a 3.4 s stall before `sever`
-/// with a 3 s claim TTL). The age counts from the lease's grant, not from the claim:
-/// a spare granted ahead is already old when its claim wins (counted from the claim,
-/// a stall of half the TTL after a quarter-TTL-old spare left a quarter for a sever
-/// of up to half). Past it the fence stays owed and the next claim takes a fresh
-/// lease.
-///
-/// The age is this host's monotonic clock from before the grant was asked, so etcd's
-/// lease lives at least as long (it can only have been lengthened, by a leader
-/// change); asking etcd for the time left would add a round trip to every fence and
-/// could only allow more.
-pub fn check_claim_age(lease_age: Duration, ttl: Duration) -> Result<(), FenceFailure> {
-    if lease_age > ClaimBudget::new(ttl).latest_sever_start() {
-        Err(FenceFailure::ClaimMayHaveExpired { lease_age, ttl })
-    } else {
-        Ok(())
-    }
 }
 
 /// The outcome of the finishing transaction.
