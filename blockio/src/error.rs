@@ -197,7 +197,7 @@ pub enum Error {
     /// retry the write. The writer is not marked fenced; the device still refuses
     /// every later write of a fenced host.
     #[error(
-        "{len}-byte write at offset {offset} failed with EIO and the fence probe could not          tell whether this host was fenced ({probe}); it may have been: do not retry it"
+        "{len}-byte write at offset {offset} failed with EIO and the fence probe could not tell whether this host was fenced ({probe}); it may have been: do not retry it"
     )]
     FenceUnverified {
         /// Offset of the request.

@@ -1168,6 +1168,10 @@ mod tests {
         }
         assert!(e.may_be_fenced() && !e.is_retryable() && !e.is_reservation_conflict());
         assert!(e.to_string().contains("do not retry"), "{e}");
+        assert!(
+            !e.to_string().contains("  "),
+            "one line, single spaces: {e}"
+        );
         assert_eq!(probe.calls(), 1);
         // Not fenced locally: the device decides the next write.
         assert!(!w.is_fenced());
