@@ -28,11 +28,12 @@
 //!   deleted by `clear_intent` ([`core::FenceStep`]). *Pending* is only the name of
 //!   that record's key, `fence_pending/<node>` ([`keys::Keys::pending`]), kept so
 //!   existing clusters read the same; do not use it for the concept.
-//! - **audit record**: what one fence attempt leaves under `audit/<node>/<generation>`
-//!   (`…failed.<ms>` for an attempt that did not bump). [`core::AuditRecord`] is the
-//!   record as the controller writes it (and logs it); [`store::AuditEntry`] is the
-//!   same JSON as `fenced audit` reads it back, every field optional so older records
-//!   still decode. One record, two views: written by the core, read by the store.
+//! - **audit record**: what one fence attempt or one unfence leaves under
+//!   `audit/<node>/<generation>` (`…failed.<ms>` for an attempt that did not bump,
+//!   `…unfence.<ms>` for an operator's unfence). One type, [`core::AuditRecord`]:
+//!   written by the controller's fence run and by `fenced unfence`, logged, and read
+//!   back by `fenced audit` and `fenced status` ([`store::decode_audit`]), every field
+//!   optional so older records still decode.
 //! - **check** names four things, always qualified: `fenced check` (the operator's
 //!   monitoring-plugin command, `ops/check.rs`); a *standby check*
 //!   ([`core::FenceCheck`], `FenceStore::fence_check`: the one read a standby makes

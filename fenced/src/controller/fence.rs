@@ -194,7 +194,7 @@ impl<S: FenceStore> Controller<S> {
                 } => {
                     let bump = async {
                         let lose = fault(FenceStep::Bump).await.map_err(fault_error)?;
-                        let json = serde_json::to_string(&*audit).unwrap_or_default();
+                        let json = audit.to_json();
                         let r = self
                             .store
                             .finish(Finish {
@@ -229,14 +229,18 @@ impl<S: FenceStore> Controller<S> {
                             fencer_result = %audit.fencer_result,
                             arenas_released = audit.arenas_released.len(),
                             total_ms = audit.total_ms,
-                            audit = %serde_json::to_string(&*audit).unwrap_or_default(),
+                            audit = %audit.to_json(),
                             "node fenced"
                         );
                     }
                     next
                 }
-                FenceAction::Abort { claim_rev, audit } => {
-                    let json = serde_json::to_string(&*audit).unwrap_or_default();
+                FenceAction::Abort {
+                    claim_rev,
+                    generation,
+                    audit,
+                } => {
+                    let json = audit.to_json();
                     tracing::error!(
                         target: "fenced::audit",
                         step = "release_claim",
@@ -252,7 +256,7 @@ impl<S: FenceStore> Controller<S> {
                             .abort(Abort {
                                 node: &victim.node,
                                 claim_rev,
-                                generation: audit.generation_before,
+                                generation,
                                 unix_ms: audit.unix_ms,
                                 audit_json: json,
                             })

@@ -122,6 +122,17 @@ pub enum Trigger {
     Operator,
 }
 
+impl Trigger {
+    /// The trigger's name, as the audit record writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Watch => "watch",
+            Self::Sweep => "sweep",
+            Self::Operator => "operator",
+        }
+    }
+}
+
 /// The node being fenced.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Victim {

@@ -56,11 +56,17 @@ fn confirmed_fence_bumps_and_releases_arenas() {
     assert_eq!((from, release_arenas), (3, true));
     assert_eq!((generation_rev, claim_rev), (5, 9));
     assert_eq!(arenas, vec!["a1".to_owned()]);
-    assert_eq!((audit.generation_before, audit.generation_after), (3, 4));
+    assert_eq!(
+        (audit.generation_before, audit.generation_after),
+        (Some(3), Some(4))
+    );
     assert_eq!(audit.arenas_released, vec!["a1".to_owned()]);
-    assert_eq!((audit.claim_ms, audit.sever_ms, audit.total_ms), (2, 3, 5));
-    assert!(audit.steps.contains(&FenceStep::Verify));
-    assert!(audit.steps.contains(&FenceStep::ReleaseArenas));
+    assert_eq!(
+        (audit.claim_ms, audit.sever_ms, audit.total_ms),
+        (Some(2), Some(3), Some(5))
+    );
+    assert!(audit.has_step(FenceStep::Verify));
+    assert!(audit.has_step(FenceStep::ReleaseArenas));
     assert!(!run.state().is_terminal());
     assert_eq!(run.on_finish(Ok(BumpOutcome::Bumped)), FenceAction::Stop);
     assert_eq!(run.state(), &FenceState::Fenced { generation: 4 });
@@ -86,7 +92,7 @@ fn single_signal_never_releases_arenas() {
     };
     assert!(!release_arenas);
     assert!(audit.arenas_released.is_empty());
-    assert!(!audit.steps.contains(&FenceStep::ReleaseArenas));
+    assert!(!audit.has_step(FenceStep::ReleaseArenas));
     assert_eq!(audit.fencer_result, "single_signal");
 }
 
@@ -105,11 +111,16 @@ fn failed_fence_never_bumps_and_stays_owed() {
         t0,
         0,
     );
-    let FenceAction::Abort { claim_rev, audit } = a else {
+    let FenceAction::Abort {
+        claim_rev,
+        generation,
+        audit,
+    } = a
+    else {
         panic!("{a:?}")
     };
-    assert_eq!(claim_rev, 9);
-    assert_eq!(audit.generation_after, 7);
+    assert_eq!((claim_rev, generation), (9, 7));
+    assert_eq!(audit.generation_after, Some(7));
     assert!(audit.fencer_result.contains("verify"));
     assert!(matches!(
         run.state(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use fenced::NodeId;
 use fenced::keys::AuditKind;
-use fenced::store::{AuditItem, AuditView, json_text};
+use fenced::store::{AuditItem, AuditView};
 
 use super::OpError;
 use super::format::{JSON_VERSION, Output, fmt_unix_ms, parse_rfc3339_utc};
@@ -88,6 +88,11 @@ fn selected(view: &AuditView, since_ms: u64) -> Vec<&AuditItem> {
     items
 }
 
+/// A number the record may lack: `?` when it does (never a made-up 0).
+fn shown(n: Option<u64>) -> String {
+    n.map_or_else(|| "?".to_owned(), |n| n.to_string())
+}
+
 /// One record as text: a headline, then the evidence.
 pub fn render(item: &AuditItem) -> String {
     let a = &item.record;
@@ -96,7 +101,7 @@ pub fn render(item: &AuditItem) -> String {
             "{}  {} UNFENCED at generation {} by {}{}: {}\n    record: {}\n",
             fmt_unix_ms(a.unix_ms),
             item.node,
-            a.generation,
+            shown(a.generation),
             if a.operator.is_empty() {
                 "?"
             } else {
@@ -112,14 +117,18 @@ pub fn render(item: &AuditItem) -> String {
         );
     }
     let outcome = if item.failed {
-        format!("FAILED attempt, generation stays {}", a.generation_before)
+        format!(
+            "FAILED attempt, generation stays {}",
+            shown(a.generation_before)
+        )
     } else {
         format!(
             "fenced, generation {} -> {}",
-            a.generation_before, a.generation_after
+            shown(a.generation_before),
+            shown(a.generation_after)
         )
     };
-    let steps: Vec<String> = a.steps.iter().map(json_text).collect();
+    let steps = &a.steps;
     let mut out = format!(
         "{}  {} (instance {}) {} by {}, trigger {}\n",
         fmt_unix_ms(a.unix_ms),
@@ -131,7 +140,11 @@ pub fn render(item: &AuditItem) -> String {
         },
         outcome,
         a.fenced_by,
-        json_text(&a.trigger),
+        if a.trigger.is_empty() {
+            "?"
+        } else {
+            &a.trigger
+        },
     );
     out.push_str(&format!(
         "    fencer {}: {}\n",
@@ -144,9 +157,9 @@ pub fn render(item: &AuditItem) -> String {
     out.push_str(&format!(
         "    steps: {} (claim {} ms, fencer {} ms, total {} ms)\n",
         steps.join(" > "),
-        a.claim_ms,
-        a.sever_ms,
-        a.total_ms
+        shown(a.claim_ms),
+        shown(a.sever_ms),
+        shown(a.total_ms)
     ));
     if !a.arenas_released.is_empty() {
         out.push_str(&format!(

@@ -8,6 +8,7 @@
 use std::process::ExitCode;
 
 use fenced::NodeId;
+use fenced::core::AuditRecord;
 use fenced::store::{BootRecord, RestartState};
 
 use super::OpError;
@@ -106,20 +107,21 @@ pub async fn unfence(args: UnfenceArgs) -> Result<ExitCode, OpError> {
         };
         let unix_ms = fenced::clock::unix_ms();
         let fenced_from = seen.boot.as_ref().map_or(0, |b| b.generation);
-        let audit = serde_json::json!({
-            "action": "unfence",
-            "node": node.as_str(),
-            "generation": seen.generation,
-            "joined_generation": fenced_from,
-            "boot_id": record.boot_id,
-            "reason": args.reason,
-            "operator": operator,
-            "uid": super::operator::uid(),
-            "host": host,
-            "unix_ms": unix_ms,
-        });
+        let audit = AuditRecord {
+            action: AuditRecord::UNFENCE.to_owned(),
+            node: node.to_string(),
+            generation: Some(seen.generation),
+            joined_generation: Some(fenced_from),
+            boot_id: record.boot_id.clone(),
+            reason: args.reason.clone(),
+            operator: operator.clone(),
+            uid: super::operator::uid(),
+            host: host.clone(),
+            unix_ms,
+            ..AuditRecord::default()
+        };
         if store
-            .unfence(&node, &seen, &record, unix_ms, audit.to_string())
+            .unfence(&node, &seen, &record, unix_ms, audit.to_json())
             .await
             .map_err(OpError::store("write the unfence"))?
         {

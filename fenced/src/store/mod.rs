@@ -57,8 +57,8 @@ pub use space::{
     lease_revocation_warning,
 };
 pub use view::{
-    AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
-    decode_audit, decode_liveness, json_text,
+    AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status, decode_audit,
+    decode_liveness,
 };
 
 use health::{EndpointHealth, Signals, Watched};

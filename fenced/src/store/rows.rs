@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use crate::core::AuditRecord;
 use crate::core::attest::LivenessRecord;
 use crate::keys::{self, AuditKind, Malformed};
 
@@ -129,25 +130,16 @@ pub struct FenceSummary {
 }
 
 impl FenceSummary {
-    pub(super) fn of(a: &AuditEntry) -> Self {
+    pub(super) fn of(a: &AuditRecord) -> Self {
         Self {
             unix_ms: a.unix_ms,
             by: a.fenced_by.clone(),
-            trigger: json_text(&a.trigger),
+            trigger: a.trigger.clone(),
             fencer: a.fencer.clone(),
             result: a.fencer_result.clone(),
-            generation_before: a.generation_before,
-            generation_after: a.generation_after,
+            generation_before: a.generation_before.unwrap_or_default(),
+            generation_after: a.generation_after.unwrap_or_default(),
         }
-    }
-}
-
-/// A JSON scalar as text (a string without its quotes).
-pub fn json_text(v: &serde_json::Value) -> String {
-    match v {
-        serde_json::Value::String(s) => s.clone(),
-        serde_json::Value::Null => String::new(),
-        other => other.to_string(),
     }
 }
 
@@ -165,7 +157,7 @@ pub struct AuditItem {
     #[serde(serialize_with = "audit_kind_word")]
     pub kind: AuditKind,
     /// The record.
-    pub record: AuditEntry,
+    pub record: AuditRecord,
 }
 
 fn audit_kind_word<S: serde::Serializer>(kind: &AuditKind, s: S) -> Result<S::Ok, S::Error> {
@@ -181,51 +173,6 @@ pub struct AuditView {
     pub records: Vec<AuditItem>,
     /// Records that do not.
     pub malformed: Vec<MalformedRecord>,
-}
-
-/// An audit record as `fenced audit` reads it back: the fields fenced writes (see
-/// [`crate::core::AuditRecord`]); a field missing from an older record reads as empty.
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct AuditEntry {
-    /// The fenced node.
-    pub node: String,
-    /// Its instance id.
-    pub instance: String,
-    /// The controller that fenced it.
-    pub fenced_by: String,
-    /// What started the fence (`watch`, `sweep`, `operator`).
-    pub trigger: serde_json::Value,
-    /// The signals seen.
-    pub signals: Vec<String>,
-    /// The fencer.
-    pub fencer: String,
-    /// `confirmed`, `single_signal` or `failed: ...`.
-    pub fencer_result: String,
-    /// Generation before the fence.
-    pub generation_before: u64,
-    /// Generation after (equal to before when the fence failed).
-    pub generation_after: u64,
-    /// Arenas returned to the free pool.
-    pub arenas_released: Vec<String>,
-    /// Milliseconds in the claim transaction.
-    pub claim_ms: u64,
-    /// Milliseconds in the Fencer.
-    pub sever_ms: u64,
-    /// Milliseconds from the start of the run to the finishing transaction.
-    pub total_ms: u64,
-    /// Wall-clock time of the decision (Unix milliseconds).
-    pub unix_ms: u64,
-    /// The steps performed, in order.
-    pub steps: Vec<serde_json::Value>,
-    /// An unfence: who gave it (see `fenced unfence`).
-    pub operator: String,
-    /// An unfence: the operator's reason, verbatim.
-    pub reason: String,
-    /// An unfence: the node's generation it was unfenced at.
-    pub generation: u64,
-    /// An unfence: the host the operator ran it on.
-    pub host: String,
 }
 
 /// Largest liveness record accepted (fenced writes about 100 bytes).
@@ -256,7 +203,7 @@ pub fn decode_liveness(value: &[u8]) -> Result<LivenessRecord, Malformed> {
 pub(super) const MAX_AUDIT_BYTES: usize = 64 * 1024;
 
 /// Decodes one `audit/` value: the JSON object fenced writes.
-pub fn decode_audit(value: &[u8]) -> Result<AuditEntry, Malformed> {
+pub fn decode_audit(value: &[u8]) -> Result<AuditRecord, Malformed> {
     if value.len() > MAX_AUDIT_BYTES {
         return Err(Malformed::TooLong {
             what: "audit record",

@@ -55,8 +55,8 @@ mod pager;
 pub(in crate::store) use pager::Reader;
 
 pub use super::rows::{
-    AuditEntry, AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status,
-    decode_audit, decode_liveness, json_text,
+    AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status, decode_audit,
+    decode_liveness,
 };
 
 /// Effects of malformed records (see the module docs): the malformed-record policy.
@@ -358,11 +358,48 @@ mod tests {
     use crate::store::rows::MAX_AUDIT_BYTES;
     use proptest::prelude::*;
 
+    /// One record type: what the controller and `fenced unfence` write is what
+    /// `fenced audit` reads back, field for field, and a fence record's JSON keeps the
+    /// keys it has always had (operators' tools read them).
+    #[test]
+    fn the_audit_record_written_is_the_record_read_back() {
+        let ok = br#"{"node":"n2","instance":"i-2","fenced_by":"n1/i-1","trigger":"sweep","signals":["membership expired"],"fencer":"nvme","fencer_result":"confirmed","generation_before":0,"generation_after":1,"arenas_released":["a1"],"claim_ms":3,"sever_ms":4,"total_ms":9,"unix_ms":1700,"steps":["claim","sever"]}"#;
+        let fence = decode_audit(ok).unwrap();
+        assert_eq!(fence.to_json().as_bytes(), &ok[..], "written as read");
+        let unfence = crate::core::AuditRecord {
+            action: crate::core::AuditRecord::UNFENCE.to_owned(),
+            node: "n3".into(),
+            generation: Some(2),
+            joined_generation: Some(1),
+            boot_id: "b-1".into(),
+            reason: "app stopped".into(),
+            operator: "alice".into(),
+            uid: Some(0),
+            host: "h3".into(),
+            unix_ms: 1800,
+            ..Default::default()
+        };
+        let json = unfence.to_json();
+        assert_eq!(decode_audit(json.as_bytes()).unwrap(), unfence);
+        for absent in [
+            "fencer",
+            "steps",
+            "generation_before",
+            "claim_ms",
+            "trigger",
+        ] {
+            assert!(
+                !json.contains(absent),
+                "{absent} in an unfence record: {json}"
+            );
+        }
+    }
+
     #[test]
     fn audit_records_decode_and_garbage_is_typed() {
         let ok = br#"{"node":"n2","instance":"i-2","fenced_by":"n1/i-1","trigger":"sweep","signals":["membership expired"],"fencer":"nvme","fencer_result":"confirmed","generation_before":0,"generation_after":1,"arenas_released":["a1"],"claim_ms":3,"sever_ms":4,"total_ms":9,"unix_ms":1700,"steps":["claim","sever"]}"#;
         let a = decode_audit(ok).unwrap();
-        assert_eq!((a.node.as_str(), a.generation_after), ("n2", 1));
+        assert_eq!((a.node.as_str(), a.generation_after), ("n2", Some(1)));
         assert_eq!(a.trigger, "sweep");
         for bad in [
             &b"not json"[..],
