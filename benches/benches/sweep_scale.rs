@@ -30,7 +30,7 @@ use fenced::controller::{Controller, ControllerConfig};
 use fenced::core::SweepSnapshot;
 use fenced::fencer::NoneFencer;
 use fenced::keys::Keys;
-use fenced::store::{EtcdStore, StoreOptions};
+use fenced::store::{EtcdStore, StoreOptions, encoded_len};
 use test_support::seed::put_all;
 
 fn main() {
@@ -259,23 +259,6 @@ fn sweep_txn(keys: &Keys) -> Txn {
             Some(GetOptions::new().with_prefix().with_count_only()),
         ),
     ])
-}
-
-/// Bytes `kv` takes in a range answer (protobuf `KeyValue` and its framing), as
-/// etcd-client's answer limit counts them.
-fn encoded_len(kv: &KeyValue) -> usize {
-    fn varint(v: u64) -> usize {
-        (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
-    }
-    let bytes = |n: usize| if n == 0 { 0 } else { 1 + varint(n as u64) + n };
-    let int = |v: i64| if v == 0 { 0 } else { 1 + varint(v as u64) };
-    let body = bytes(kv.key().len())
-        + bytes(kv.value().len())
-        + int(kv.create_revision())
-        + int(kv.mod_revision())
-        + int(kv.version())
-        + int(kv.lease());
-    1 + varint(body as u64) + body
 }
 
 /// The key-value pairs of one range of the response.

@@ -58,7 +58,7 @@ pub use space::{
 };
 pub use view::{
     AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status, decode_audit,
-    decode_liveness,
+    decode_liveness, encoded_len,
 };
 
 use health::{EndpointHealth, Signals, Watched};

@@ -53,6 +53,7 @@ use crate::node::NodeId;
 mod pager;
 
 pub(in crate::store) use pager::Reader;
+pub use pager::encoded_len;
 
 pub use super::rows::{
     AuditItem, AuditView, FenceSummary, MalformedRecord, NodeRow, Owed, Status, decode_audit,

@@ -124,8 +124,9 @@ fn varint_len(v: u64) -> usize {
 }
 
 /// Bytes `kv` takes in a range answer: the `KeyValue` message and its framing (the
-/// size etcd-client's answer limit counts).
-fn encoded_len(kv: &KeyValue) -> usize {
+/// size etcd-client's answer limit counts). Public for the benches, which size the
+/// answers they measure by it.
+pub fn encoded_len(kv: &KeyValue) -> usize {
     let bytes = |n: usize| match n {
         0 => 0,
         n => 1 + varint_len(n as u64) + n,
