@@ -296,17 +296,18 @@ fn check_reservation_type(device: &Path, caps: &nvme_resv::Capabilities) -> Resu
 /// The CPTPL to register with and the persistence line logged at start (issue 27):
 /// registrations persist where the device can (RESCAP bit 0); a warning where it
 /// cannot, since a target restart then drops every registration and the reservation.
+/// Also what it found, for the namespace record (`fenced status` shows it).
 fn persistence_at_start(
     ns: &nvme_resv::Namespace,
     caps: &nvme_resv::Capabilities,
-) -> nvme_resv::Cptpl {
+) -> (nvme_resv::Cptpl, fenced::core::Persistence) {
     let p = fenced::core::Persistence::from_device(caps.ptpl, ns.ptpl_state().ok());
     if p.warn() {
         tracing::warn!(step = "persistence", device = %ns.path().display(), "{}", p.describe());
     } else {
         tracing::info!(step = "persistence", device = %ns.path().display(), "{}", p.describe());
     }
-    caps.register_cptpl()
+    (caps.register_cptpl(), p)
 }
 
 /// Opens a namespace that supports reservations (`fenced attest --block-device`).
@@ -315,12 +316,13 @@ pub(crate) fn open_device(path: &Path) -> Result<Device, OpenError> {
 }
 
 /// Opens the shared namespace ([`open_reservations`]; both names are logged) and reads
-/// its identity for the join and fence checks ([`check_shared_namespace`]).
+/// its identity for the join and fence checks ([`check_shared_namespace`]); with the
+/// CPTPL to register with and the persistence the device reports.
 pub(crate) fn open_shared_namespace(
     path: &Path,
     allow_unidentified: bool,
     ebs_volume_id: Option<&str>,
-) -> Result<(Device, NamespaceIdentity, nvme_resv::Cptpl), OpenError> {
+) -> Result<SharedNamespace, OpenError> {
     let (ns, device, caps) = open_reservations(path)?;
     let identity = ns
         .namespace_identity()
@@ -330,9 +332,18 @@ pub(crate) fn open_shared_namespace(
         })?;
     check_shared_namespace(path, &device, &identity, allow_unidentified, ebs_volume_id)?;
     tracing::info!(block_device = %path.display(), device = %device.display(), nsid = ns.nsid(), namespace = %identity, kind = identity.kind().map_or("none", |k| k.as_str()), wwid = %identity.wwid(), "shared namespace device");
-    let cptpl = persistence_at_start(&ns, &caps);
-    Ok((Arc::new(ns), identity, cptpl))
+    let (cptpl, persistence) = persistence_at_start(&ns, &caps);
+    Ok((Arc::new(ns), identity, cptpl, persistence))
 }
+
+/// What [`open_shared_namespace`] returns: the device, its identity, the CPTPL its
+/// registrations use and its persistence.
+pub(crate) type SharedNamespace = (
+    Device,
+    NamespaceIdentity,
+    nvme_resv::Cptpl,
+    fenced::core::Persistence,
+);
 
 /// Whether the shared namespace's identity lets the daemon start: a namespace named by
 /// a UUID, NGUID, EUI-64 or (none of them) its controller's serial number starts with

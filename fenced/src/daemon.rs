@@ -283,13 +283,15 @@ pub async fn run(s: Settings) -> Result<ExitCode, DaemonError> {
     // With EBS: the instance id is checked against the volume's attachments (EC2 reads
     // only), still before anything is written.
     let (instance, ebs) = ebs_join(&s).await?;
-    let (device, namespace, cptpl) = open_namespace(&s, &observer)?;
+    let (device, namespace, cptpl, persistence) = open_namespace(&s, &observer)?;
     let own_key = nvme_resv::key_for_node(s.node.as_str());
     let boot_id = fenced::agent::read_boot_id(&s.boot_id_file)
         .map_err(|source| DaemonError::BootId { source })?;
     let Some(store) = wait_for_etcd(&s, &observer, &mut leave_rx, control.as_ref()).await? else {
         return Ok(ExitCode::SUCCESS);
     };
+    // A first join records it with the namespace's identity (`fenced status` shows it).
+    let store = store.with_namespace_persistence(persistence);
     check_etcd_space(&store).await?;
     let node = s.node;
     let mut cfg = AgentConfig::new(node.clone(), instance.clone());
@@ -452,26 +454,33 @@ async fn prepare_host(s: &Settings) -> Result<Host, DaemonError> {
     })
 }
 
+/// The shared namespace as [`open_namespace`] found it: the device, its identity, the
+/// CPTPL its registrations use and its persistence (recorded with the identity at the
+/// first join, shown by `fenced status`).
+type OpenedNamespace = (
+    Option<Device>,
+    Option<NamespaceIdentity>,
+    nvme_resv::Cptpl,
+    Option<fenced::core::Persistence>,
+);
+
 /// Step 3: the shared namespace, opened and identified (and the CPTPL its registrations
 /// use: persist where the device can), its commands timed
 /// ([`fenced::device::ObservedDevice`]); none for EBS alone or without
 /// `--block-device`.
-fn open_namespace(
-    s: &Settings,
-    observer: &Observer,
-) -> Result<(Option<Device>, Option<NamespaceIdentity>, nvme_resv::Cptpl), DaemonError> {
+fn open_namespace(s: &Settings, observer: &Observer) -> Result<OpenedNamespace, DaemonError> {
     match (s.fencer, &s.block_device) {
         // EBS alone severs by detaching the volume: no reservation device is needed
         // (gp3 and older io2 attachments have none).
-        (FencerKind::Ebs, _) | (_, None) => Ok((None, None, nvme_resv::Cptpl::NoChange)),
+        (FencerKind::Ebs, _) | (_, None) => Ok((None, None, nvme_resv::Cptpl::NoChange, None)),
         (_, Some(p)) => {
-            let (d, id, cptpl) = open_shared_namespace(
+            let (d, id, cptpl, persistence) = open_shared_namespace(
                 p,
                 s.allow_unidentified_namespace,
                 s.ebs.volume_id.as_deref(),
             )?;
             let d = fenced::device::ObservedDevice::wrap(d, observer.clone());
-            Ok((Some(d), Some(id), cptpl))
+            Ok((Some(d), Some(id), cptpl, Some(persistence)))
         }
     }
 }

@@ -270,3 +270,108 @@ async fn uuid_and_serial_identities_are_recorded_with_their_kind() {
         drop((n1, n2));
     }
 }
+
+/// `fenced status` (the binary) on the cluster's etcd under `root`: its text.
+fn status_text(c: &Cluster, root: &str) -> String {
+    let o = common::process::fenced()
+        .args([
+            "status",
+            "--root",
+            root,
+            "--etcd-endpoints",
+            &c.etcd.endpoint(),
+        ])
+        .output()
+        .expect("run the fenced binary");
+    assert!(o.status.success(), "{}", common::process::stderr(&o));
+    common::process::stdout(&o)
+}
+
+fn namespace_line(text: &str) -> String {
+    text.lines()
+        .find(|l| l.starts_with("namespace: "))
+        .unwrap_or_else(|| panic!("no namespace line: {text}"))
+        .to_owned()
+}
+
+/// Issue 27 section 2: the first join records its device's persistence with the
+/// namespace's identity and `fenced status` shows both on one line; a record written
+/// before the field existed still decodes (a join on it still matches, its status
+/// says "not recorded").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_shows_the_namespace_with_the_persistence_its_first_join_recorded() {
+    use fenced::core::Persistence;
+    use fenced::store::RecordedPersistence;
+    let c = Cluster::new();
+    c.ns.set_identity(id(1));
+    let store = c
+        .store()
+        .await
+        .with_namespace_persistence(Some(Persistence::Unsupported));
+    let mut cfg = c.agent_cfg("n1", 0);
+    cfg.namespace = Some(c.host("n1").identity().unwrap());
+    let n1 = Agent::start(
+        store.clone(),
+        cfg,
+        Some(Arc::new(c.host("n1"))),
+        key_of("n1"),
+    )
+    .await
+    .unwrap();
+    let rec = store.namespace_record_full().await.unwrap().unwrap();
+    assert_eq!(rec.identity, id(1));
+    assert_eq!(
+        rec.persistence,
+        RecordedPersistence::Known(Persistence::Unsupported)
+    );
+    let line = namespace_line(&status_text(&c, &c.root));
+    eprintln!("{line}");
+    assert_eq!(
+        line,
+        format!(
+            "namespace: {}; {} (as the first join found it)",
+            id(1),
+            Persistence::Unsupported.describe()
+        )
+    );
+    drop(n1);
+
+    // A record as fenced wrote it before it recorded the persistence.
+    let old = r#"{"kind":"nguid","wwid":"eui.01010101010101010101010101010101","nguid":"01010101010101010101010101010101","eui64":"0000000000000000","subnqn":"nqn.2014-08.org.fenced:test"}"#;
+    common::process::etcdctl(&c.etcd, &["put", "/old/namespace", old]);
+    let old_store = fenced::store::EtcdStore::connect(&[c.etcd.endpoint()], "/old", CLAIM_TTL)
+        .await
+        .unwrap();
+    assert_eq!(old_store.namespace_record().await.unwrap(), Some(id(1)));
+    let rec = old_store.namespace_record_full().await.unwrap().unwrap();
+    assert_eq!(rec.persistence, RecordedPersistence::NotRecorded);
+    let line = namespace_line(&status_text(&c, "/old"));
+    eprintln!("{line}");
+    assert!(
+        line.starts_with(&format!("namespace: {}; persistence not recorded", id(1))),
+        "{line}"
+    );
+    // A join on the old record still matches (and does not rewrite it).
+    let mut cfg = c.agent_cfg("n2", 0);
+    cfg.namespace = Some(c.host("n2").identity().unwrap());
+    let n2 = Agent::start(
+        old_store
+            .clone()
+            .with_namespace_persistence(Some(Persistence::On)),
+        cfg,
+        Some(Arc::new(c.host("n2"))),
+        key_of("n2"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        old_store
+            .namespace_record_full()
+            .await
+            .unwrap()
+            .unwrap()
+            .persistence,
+        RecordedPersistence::NotRecorded
+    );
+    drop(n2);
+}

@@ -35,9 +35,9 @@ pub async fn status(args: StatusArgs) -> Result<ExitCode, OpError> {
         Output::Text => {
             print!("{}", text(&s, now));
             // The shared namespace recorded by the first join (what every join and
-            // NVMe fence compares its device with).
+            // NVMe fence compares its device with) and its device's persistence.
             let ns = store
-                .namespace_record()
+                .namespace_record_full()
                 .await
                 .map_err(OpError::store("read the recorded namespace"))?;
             println!(

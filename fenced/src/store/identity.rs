@@ -7,6 +7,7 @@ use nvme_resv::{IdentityKind, MatchRule, NamespaceIdentity};
 use serde::{Deserialize, Serialize};
 
 use super::{EtcdStore, Result, StoreError, absent, kvs};
+use crate::core::Persistence;
 use crate::node::NodeId;
 
 /// The stored form: hex digits as nvme-cli prints them, so an operator can compare
@@ -41,12 +42,87 @@ struct Stored {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nsid: Option<u32>,
     subnqn: String,
+    /// The device's Persist Through Power Loss as the join that wrote the record found
+    /// it (`on`, `available`, `unsupported`, `unknown`; issue 27): informational, never
+    /// compared. Absent from records written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    persistence: Option<String>,
+}
+
+/// `<root>/namespace` as `fenced status` shows it: the shared namespace's identity and
+/// its device's persistence as the first join found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedNamespace {
+    /// The identity every join and NVMe fence compares with.
+    pub identity: NamespaceIdentity,
+    /// The persistence recorded with it.
+    pub persistence: RecordedPersistence,
+}
+
+/// The persistence field of the namespace record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RecordedPersistence {
+    /// What the device reported at the first join.
+    Known(Persistence),
+    /// The record predates the field (or was written without a device's answer).
+    NotRecorded,
+    /// A value this version does not know (a newer version wrote it).
+    Unrecognized(String),
+}
+
+impl std::fmt::Display for RecordedPersistence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Known(p) => write!(f, "{} (as the first join found it)", p.describe()),
+            Self::NotRecorded => f.write_str(
+                "persistence not recorded (the record predates it; `fenced check --block-device DEV` reads it from the device)",
+            ),
+            Self::Unrecognized(v) => write!(
+                f,
+                "persistence recorded as {v:?}, unknown to this version (`fenced check --block-device DEV` reads it from the device)"
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for RecordedNamespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}; {}", self.identity, self.persistence)
+    }
+}
+
+fn persistence_text(p: Persistence) -> &'static str {
+    match p {
+        Persistence::On => "on",
+        Persistence::Available => "available",
+        Persistence::Unsupported => "unsupported",
+        Persistence::Unknown => "unknown",
+    }
+}
+
+fn recorded_persistence(v: Option<&str>) -> RecordedPersistence {
+    let known = [
+        Persistence::On,
+        Persistence::Available,
+        Persistence::Unsupported,
+        Persistence::Unknown,
+    ];
+    match v {
+        None => RecordedPersistence::NotRecorded,
+        Some(v) => known
+            .into_iter()
+            .find(|&p| persistence_text(p) == v)
+            .map_or_else(
+                || RecordedPersistence::Unrecognized(v.to_owned()),
+                RecordedPersistence::Known,
+            ),
+    }
 }
 
 /// `kind` of an unidentified namespace's record.
 const KIND_NONE: &str = "none";
 
-fn encode(id: &NamespaceIdentity) -> String {
+fn encode(id: &NamespaceIdentity, persistence: Option<Persistence>) -> String {
     let kind = id.kind();
     let serial_based = kind == Some(IdentityKind::VidSerialModelNsid);
     serde_json::to_string(&Stored {
@@ -60,11 +136,18 @@ fn encode(id: &NamespaceIdentity) -> String {
         model: serial_based.then(|| id.model_hex()),
         nsid: serial_based.then_some(id.nsid),
         subnqn: id.subnqn.clone(),
+        persistence: persistence.map(|p| persistence_text(p).to_owned()),
     })
     .unwrap_or_default()
 }
 
 fn decode(key: &str, value: &[u8]) -> Result<NamespaceIdentity> {
+    decode_record(key, value).map(|r| r.identity)
+}
+
+/// The record with its persistence; a persistence value this version does not know
+/// does not make the record malformed (the identity is what joins and fences use).
+fn decode_record(key: &str, value: &[u8]) -> Result<RecordedNamespace> {
     let malformed = |what: String| StoreError::Malformed {
         key: key.to_owned(),
         what,
@@ -72,10 +155,14 @@ fn decode(key: &str, value: &[u8]) -> Result<NamespaceIdentity> {
     let s: Stored = serde_json::from_slice(value).map_err(|e| malformed(e.to_string()))?;
     let mut id = NamespaceIdentity::from_hex(&s.nguid, &s.eui64, s.subnqn)
         .ok_or_else(|| malformed("nguid must be 32 and eui64 16 hex digits".to_owned()))?;
+    let persistence = recorded_persistence(s.persistence.as_deref());
     let Some(kind) = s.kind else {
         // Written before records said their kind.
         id.rule = MatchRule::NguidEui64;
-        return Ok(id);
+        return Ok(RecordedNamespace {
+            identity: id,
+            persistence,
+        });
     };
     if let Some(u) = &s.uuid {
         id.uuid = nvme_resv::identity::parse_uuid(u).ok_or_else(|| {
@@ -103,10 +190,21 @@ fn decode(key: &str, value: &[u8]) -> Result<NamespaceIdentity> {
             "kind is {kind:?} but the fields name the namespace by {named}"
         )));
     }
-    Ok(id)
+    Ok(RecordedNamespace {
+        identity: id,
+        persistence,
+    })
 }
 
 impl EtcdStore {
+    /// This store records `persistence` (what our device reports) with the namespace's
+    /// identity when it is the first to record one ([`EtcdStore::record_namespace`]).
+    #[must_use]
+    pub fn with_namespace_persistence(mut self, persistence: Option<Persistence>) -> Self {
+        self.namespace_persistence = persistence;
+        self
+    }
+
     /// Records `ours` as the shared namespace unless one is recorded already, in one
     /// transaction. Returns the recorded identity (ours when we created it) and whether
     /// we created it.
@@ -117,7 +215,11 @@ impl EtcdStore {
         let key = self.keys.namespace();
         let txn = Txn::new()
             .when(vec![absent(key.clone())])
-            .and_then(vec![TxnOp::put(key.clone(), encode(ours), None)])
+            .and_then(vec![TxnOp::put(
+                key.clone(),
+                encode(ours, self.namespace_persistence),
+                None,
+            )])
             .or_else(vec![TxnOp::get(key.clone(), None)]);
         let resp = self.txn("record_namespace", txn).await?;
         if resp.succeeded() {
@@ -137,6 +239,12 @@ impl EtcdStore {
 
     /// The recorded shared namespace, `None` when no join recorded one yet.
     pub async fn namespace_record(&self) -> Result<Option<NamespaceIdentity>> {
+        Ok(self.namespace_record_full().await?.map(|r| r.identity))
+    }
+
+    /// The recorded shared namespace with the persistence recorded beside it
+    /// (`fenced status`), `None` when no join recorded one yet.
+    pub async fn namespace_record_full(&self) -> Result<Option<RecordedNamespace>> {
         self.rt();
         let key = self.keys.namespace();
         let r = self
@@ -146,7 +254,7 @@ impl EtcdStore {
             .map_err(|e| StoreError::classify("namespace_record", e))?;
         r.kvs()
             .first()
-            .map(|kv| decode(&key, kv.value()))
+            .map(|kv| decode_record(&key, kv.value()))
             .transpose()
     }
 }
@@ -201,7 +309,7 @@ mod tests {
             subnqn: "nqn.2014-08.org.fenced:hwtest".into(),
             ..NamespaceIdentity::default()
         };
-        let v = encode(&id);
+        let v = encode(&id, None);
         // The old record's fields, in its form, after the kind and Linux's name.
         assert_eq!(
             v,
@@ -230,7 +338,7 @@ mod tests {
     #[test]
     fn each_kind_is_recorded_and_read_back() {
         let u = uuid_only();
-        let v = encode(&u);
+        let v = encode(&u, None);
         assert!(
             v.starts_with(r#"{"kind":"uuid","wwid":"uuid.3c3c3c3c-3c3c-3c3c-3c3c-3c3c3c3c3c3c","uuid":"3c3c3c3c-3c3c-3c3c-3c3c-3c3c3c3c3c3c","nguid":"#),
             "{v}"
@@ -243,7 +351,7 @@ mod tests {
         assert!(!back.same_namespace(&other));
 
         let a = ebs("vol0123456789abcdef0");
-        let v = encode(&a);
+        let v = encode(&a, None);
         assert!(v.contains(r#""kind":"vid-serial-model-nsid""#), "{v}");
         assert!(
             v.contains(r#""vid":7439,"serial":"766f6c30313233343536373839616263646566"#),
@@ -255,7 +363,7 @@ mod tests {
         assert!(!back.same_namespace(&ebs("vol0fedcba9876543210")));
 
         let none = NamespaceIdentity::default();
-        let v = encode(&none);
+        let v = encode(&none, None);
         assert!(v.starts_with(r#"{"kind":"none","nguid""#), "{v}");
         assert_eq!(decode("k", v.as_bytes()).unwrap(), none);
     }
@@ -285,7 +393,7 @@ mod tests {
         }
         let mut id = uuid_only();
         id.nguid = [0xab; 16];
-        let o: Old = serde_json::from_str(&encode(&id)).unwrap();
+        let o: Old = serde_json::from_str(&encode(&id, Some(Persistence::Unsupported))).unwrap();
         assert_eq!(
             (o.nguid.as_str(), o.eui64.as_str(), o.subnqn.as_str()),
             (
@@ -294,5 +402,57 @@ mod tests {
                 "nqn.2014-08.org.fenced:hwtest"
             )
         );
+    }
+
+    /// Issue 27 section 2: the record carries the device's persistence; a record
+    /// without it (every record before it) still decodes, with "not recorded"; a value
+    /// a newer version wrote leaves the identity usable.
+    #[test]
+    fn persistence_is_recorded_and_old_records_still_decode() {
+        let u = uuid_only();
+        for (p, text) in [
+            (Persistence::On, "on"),
+            (Persistence::Available, "available"),
+            (Persistence::Unsupported, "unsupported"),
+            (Persistence::Unknown, "unknown"),
+        ] {
+            let v = encode(&u, Some(p));
+            assert!(v.ends_with(&format!(r#","persistence":"{text}"}}"#)), "{v}");
+            let r = decode_record("k", v.as_bytes()).unwrap();
+            assert_eq!(r.identity, decode("k", v.as_bytes()).unwrap());
+            assert!(r.identity.same_namespace(&u));
+            assert_eq!(r.persistence, RecordedPersistence::Known(p));
+        }
+        let r = decode_record("k", encode(&u, Some(Persistence::Unsupported)).as_bytes()).unwrap();
+        assert_eq!(
+            r.to_string(),
+            format!(
+                "{}; {} (as the first join found it)",
+                u,
+                Persistence::Unsupported.describe()
+            )
+        );
+        let old = decode_record("k", OLD_NGUID_RECORD.as_bytes()).unwrap();
+        assert_eq!(old.persistence, RecordedPersistence::NotRecorded);
+        assert!(
+            old.to_string().contains("; persistence not recorded"),
+            "{old}"
+        );
+        let newer = OLD_NGUID_RECORD.replace(r#""subnqn""#, r#""persistence":"mirrored","subnqn""#);
+        let r = decode_record("k", newer.as_bytes()).unwrap();
+        assert_eq!(
+            r.identity,
+            decode("k", OLD_NGUID_RECORD.as_bytes()).unwrap()
+        );
+        assert_eq!(
+            r.persistence,
+            RecordedPersistence::Unrecognized("mirrored".into())
+        );
+        // Not a string: malformed, as any mistyped field.
+        let bad = OLD_NGUID_RECORD.replace(r#""subnqn""#, r#""persistence":1,"subnqn""#);
+        assert!(matches!(
+            decode_record("k", bad.as_bytes()),
+            Err(StoreError::Malformed { .. })
+        ));
     }
 }

@@ -49,6 +49,7 @@ pub use arenas::LegacyArena;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, RequestHook, probe_endpoints};
+pub use identity::{RecordedNamespace, RecordedPersistence};
 pub use membership::{BootRecord, Joined, RestartState};
 pub use presence::apply_controller_event;
 pub use security::{EtcdSecurity, SecurityError};
@@ -110,6 +111,9 @@ pub struct EtcdStore {
     signals: Arc<Signals>,
     /// Ends the endpoint health task with the last clone.
     _health: Option<Arc<EndpointHealth>>,
+    /// Our device's persistence, written into `<root>/namespace` when this store
+    /// records it ([`EtcdStore::with_namespace_persistence`]).
+    namespace_persistence: Option<crate::core::Persistence>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -326,6 +330,7 @@ impl EtcdStore {
             reader,
             signals,
             _health: health,
+            namespace_persistence: None,
         };
         // Connecting is lazy in tonic: one cheap read proves the server answers.
         store
