@@ -1,9 +1,12 @@
 //! [`MemStore`]: the fence path's store as plain maps behind a mutex, with the guards
-//! of the etcd transactions and injectable errors. Logic only: it has no leases, no
-//! revisions beyond a counter and no concurrency story beyond the mutex. It exists so
-//! the controller's decisions (claim lost, departure refused then re-claimed, an
-//! unconfirmed fence stays owed) have unit tests; whether the protocol holds on etcd
-//! is what `tests/` shows.
+//! of the etcd transactions and injectable errors. Logic only: revisions are one
+//! counter, leases expire when a test says so ([`MemStore::expire_lease`]), and there
+//! is no concurrency story beyond the mutex. The membership watch is a revisioned
+//! event log ([`MembershipFeed`]: resume from a revision, compaction, a watch that
+//! ends). It exists so the controller's decisions (claim lost, departure refused then
+//! re-claimed, an unconfirmed fence stays owed) have unit tests, and so an agent's join
+//! and a running controller can meet on it (`tests/twin.rs`); whether the protocol
+//! holds on etcd is what the other suites in `tests/` show.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,9 +16,12 @@ use crate::core::{
     BumpOutcome, ClaimFacts, ClaimOutcome, FenceCheck, SweepSnapshot, Victim, claim_outcome,
 };
 use crate::node::NodeId;
-use crate::store::{Abort, BootRecord, ClaimGuard, Finish, StoreError};
+use crate::store::{Abort, BootRecord, ClaimGuard, Finish, Joined, RestartState, StoreError};
 
-use super::{FenceStore, LeaveStore};
+use super::{
+    FenceStore, JoinStore, LeaveStore, MembershipChange, MembershipEvent, MembershipFeed,
+    MembershipWatch, WatchNext,
+};
 
 /// The key space of the fence path, one map per key prefix. Revisions are one
 /// counter, bumped by every write, like etcd's.
@@ -52,12 +58,68 @@ pub struct MemState {
     /// Operations performed (successful or refused, not injected failures), by name:
     /// what a unit test counts instead of etcd round trips.
     pub calls: BTreeMap<&'static str, u64>,
+    /// The lease each membership is bound to (joins through [`JoinStore`]).
+    pub member_leases: BTreeMap<NodeId, i64>,
+    /// Leases granted and not yet expired or revoked, with their TTL.
+    pub leases: BTreeMap<i64, Duration>,
+    /// The last lease id granted.
+    pub last_lease: i64,
+    /// `boot/<node>` as the last join wrote it, with its mod revision.
+    pub boot_records: BTreeMap<NodeId, (BootRecord, i64)>,
+    /// Every change of `membership/`, in revision order: (revision, node, the instance
+    /// a DELETE removed, `None` for a PUT).
+    pub membership_log: Vec<(i64, NodeId, Option<String>)>,
+    /// Revisions below this one were compacted away: a watch from before it fails.
+    pub compacted: i64,
+    /// Bumped by [`MemStore::end_watches`]: every watch opened before ends.
+    pub watch_epoch: u64,
 }
 
 impl MemState {
     fn write(&mut self) -> i64 {
         self.revision += 1;
         self.revision
+    }
+
+    /// `membership/<node>` = `instance` at `rev` (on `lease`, when given).
+    fn put_member(&mut self, node: &NodeId, instance: &str, rev: i64, lease: Option<i64>) {
+        self.members.insert(node.clone(), instance.to_owned());
+        self.membership_revs.insert(node.clone(), rev);
+        match lease {
+            Some(l) => self.member_leases.insert(node.clone(), l),
+            None => self.member_leases.remove(node),
+        };
+        self.membership_log.push((rev, node.clone(), None));
+    }
+
+    /// Deletes `membership/<node>` at `rev`; the instance it held, if it was a member.
+    fn delete_member(&mut self, node: &NodeId, rev: i64) -> Option<String> {
+        let instance = self.members.remove(node)?;
+        self.member_leases.remove(node);
+        self.membership_log
+            .push((rev, node.clone(), Some(instance.clone())));
+        Some(instance)
+    }
+
+    /// Ends `lease` (expiry or revoke): every membership on it is deleted, at one
+    /// revision. Whether the lease existed.
+    fn end_lease(&mut self, lease: i64) -> bool {
+        if self.leases.remove(&lease).is_none() {
+            return false;
+        }
+        let bound: Vec<NodeId> = self
+            .member_leases
+            .iter()
+            .filter(|(_, l)| **l == lease)
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !bound.is_empty() {
+            let rev = self.write();
+            for node in &bound {
+                self.delete_member(node, rev);
+            }
+        }
+        true
     }
 }
 
@@ -67,6 +129,8 @@ pub struct MemStore {
     state: Arc<Mutex<MemState>>,
     faults: Arc<Mutex<BTreeMap<&'static str, u32>>>,
     claim_ttl: Duration,
+    /// The store revision after each write that a watch may want: wakes the watches.
+    written: Arc<tokio::sync::watch::Sender<i64>>,
 }
 
 impl Default for MemStore {
@@ -92,7 +156,14 @@ impl MemStore {
             state: Arc::default(),
             faults: Arc::default(),
             claim_ttl: Duration::from_secs(3),
+            written: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
+    }
+
+    /// Wakes the open watches (after a membership change, a compaction, an end).
+    fn wake(&self) {
+        let rev = self.state().revision;
+        self.written.send_replace(rev);
     }
 
     /// The state, to set up a test or read it back.
@@ -104,7 +175,7 @@ impl MemStore {
 
     /// The next `times` calls of `op` (`claim`, `finish`, `abort`, `drop_stale`,
     /// `sweep_snapshot`, `fence_check`, `stamp_sweep`, `owned_arenas`, `release_arena`,
-    /// `depart`) fail as if etcd were unreachable, writing nothing.
+    /// `depart`, `restart_state`, `grant`, `join`, `revoke`, `watch`) fail as if etcd were unreachable, writing nothing.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.faults
             .lock()
@@ -130,31 +201,71 @@ impl MemStore {
     /// `node` joins with `instance` (membership, instance record, generation key);
     /// returns the membership's create revision.
     pub fn join(&self, node: &NodeId, instance: &str) -> i64 {
-        let mut s = self.state();
-        let rev = s.write();
-        s.members.insert(node.clone(), instance.to_owned());
-        s.membership_revs.insert(node.clone(), rev);
-        s.instances.insert(node.clone(), instance.to_owned());
-        s.generations.entry(node.clone()).or_insert((0, rev));
+        let rev = {
+            let mut s = self.state();
+            let rev = s.write();
+            s.put_member(node, instance, rev, None);
+            s.instances.insert(node.clone(), instance.to_owned());
+            s.generations.entry(node.clone()).or_insert((0, rev));
+            rev
+        };
+        self.wake();
         rev
     }
 
     /// `node`'s membership lease expired; returns the revision of the DELETE.
     pub fn expire(&self, node: &NodeId) -> i64 {
-        let mut s = self.state();
-        let rev = s.write();
-        s.members.remove(node);
+        let rev = {
+            let mut s = self.state();
+            let rev = s.write();
+            s.delete_member(node, rev);
+            rev
+        };
+        self.wake();
         rev
+    }
+
+    /// `lease` ran out (its TTL passed unrenewed): every membership on it is deleted.
+    /// Whether the lease existed.
+    pub fn expire_lease(&self, lease: i64) -> bool {
+        let existed = self.state().end_lease(lease);
+        self.wake();
+        existed
+    }
+
+    /// The lease `node`'s membership is bound to, if it joined on one.
+    pub fn lease_of(&self, node: &NodeId) -> Option<i64> {
+        self.state().member_leases.get(node).copied()
+    }
+
+    /// Compacts the history below `revision`: a watch resuming from before it is told
+    /// so ([`WatchNext::Compacted`]).
+    pub fn compact(&self, revision: i64) {
+        {
+            let mut s = self.state();
+            s.compacted = s.compacted.max(revision);
+        }
+        self.wake();
+    }
+
+    /// Ends every open watch ([`WatchNext::Closed`]), like a lost connection.
+    pub fn end_watches(&self) {
+        self.state().watch_epoch += 1;
+        self.wake();
     }
 
     /// `node` left cleanly: departure marker written, membership deleted; returns the
     /// revision of the DELETE.
     pub fn mark_departed(&self, node: &NodeId) -> i64 {
-        let mut s = self.state();
-        let rev = s.write();
-        if let Some(instance) = s.members.remove(node) {
-            s.departed.insert(node.clone(), (instance, rev));
-        }
+        let rev = {
+            let mut s = self.state();
+            let rev = s.write();
+            if let Some(instance) = s.delete_member(node, rev) {
+                s.departed.insert(node.clone(), (instance, rev));
+            }
+            rev
+        };
+        self.wake();
         rev
     }
 
@@ -412,17 +523,186 @@ impl LeaveStore for MemStore {
         boot: Option<&BootRecord>,
     ) -> Result<bool, StoreError> {
         self.fault("depart")?;
+        let live = {
+            let mut s = self.state();
+            let live = s.members.contains_key(node)
+                && s.membership_revs.get(node) == Some(&membership_rev);
+            if live {
+                let rev = s.write();
+                s.delete_member(node, rev);
+                s.departed.insert(node.clone(), (instance.to_owned(), rev));
+                if let Some(b) = boot {
+                    s.boots.insert(node.clone(), b.clone());
+                }
+            }
+            live
+        };
+        self.wake();
+        Ok(live)
+    }
+}
+
+impl JoinStore for MemStore {
+    async fn restart_state(&self, node: &NodeId) -> Result<RestartState, StoreError> {
+        self.fault("restart_state")?;
+        let s = self.state();
+        let (boot, boot_rev) = match s.boot_records.get(node) {
+            Some((b, rev)) => (Some(b.clone()), *rev),
+            None => (None, 0),
+        };
+        let (generation, generation_rev) = s.generations.get(node).copied().unwrap_or((0, 0));
+        Ok(RestartState {
+            boot,
+            boot_rev,
+            generation,
+            generation_rev,
+            member: s.members.contains_key(node),
+            revision: s.revision,
+        })
+    }
+
+    async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
+        self.fault("grant")?;
         let mut s = self.state();
-        let live =
-            s.members.contains_key(node) && s.membership_revs.get(node) == Some(&membership_rev);
-        if live {
+        s.last_lease += 1;
+        let lease = s.last_lease;
+        s.leases.insert(lease, ttl);
+        Ok(lease)
+    }
+
+    async fn join(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        lease: i64,
+        seen: &RestartState,
+        boot_id: Option<&str>,
+    ) -> Result<Option<Joined>, StoreError> {
+        self.fault("join")?;
+        let joined = {
+            let mut s = self.state();
+            let generation_rev = s.generations.get(node).map_or(0, |g| g.1);
+            if s.claims.contains_key(node)
+                || s.members.contains_key(node)
+                || generation_rev != seen.generation_rev
+            {
+                return Ok(None);
+            }
+            if !s.leases.contains_key(&lease) {
+                return Err(StoreError::LeaseGone {
+                    op: "join",
+                    source: etcd_client::Error::GRpcStatus(tonic::Status::not_found(format!(
+                        "in-memory store: lease {lease} not found (expired or revoked)"
+                    ))),
+                });
+            }
             let rev = s.write();
-            s.members.remove(node);
-            s.departed.insert(node.clone(), (instance.to_owned(), rev));
-            if let Some(b) = boot {
-                s.boots.insert(node.clone(), b.clone());
+            s.put_member(node, instance, rev, Some(lease));
+            s.pending.remove(node);
+            s.done.remove(node);
+            s.departed.remove(node);
+            s.instances.insert(node.clone(), instance.to_owned());
+            if seen.generation_rev == 0 {
+                s.generations.insert(node.clone(), (0, rev));
+            }
+            if let Some(boot_id) = boot_id {
+                let record = BootRecord {
+                    boot_id: boot_id.to_owned(),
+                    generation: seen.generation,
+                    by: BootRecord::BY_JOIN.to_owned(),
+                };
+                s.boot_records.insert(node.clone(), (record, rev));
+            }
+            Joined {
+                membership_rev: rev,
+                generation: seen.generation,
+            }
+        };
+        self.wake();
+        Ok(Some(joined))
+    }
+
+    async fn revoke(&self, lease: i64) -> Result<(), StoreError> {
+        self.fault("revoke")?;
+        self.expire_lease(lease);
+        Ok(())
+    }
+}
+
+impl MembershipFeed for MemStore {
+    type Watch = MemWatch;
+
+    async fn membership_events(&self, from_rev: i64) -> Result<MemWatch, StoreError> {
+        self.fault("watch")?;
+        let s = self.state();
+        Ok(MemWatch {
+            store: self.clone(),
+            next_rev: if from_rev > 0 {
+                from_rev
+            } else {
+                s.revision + 1
+            },
+            epoch: s.watch_epoch,
+            written: self.written.subscribe(),
+        })
+    }
+}
+
+/// A watch of the twin's membership log, from a revision.
+#[derive(Debug)]
+pub struct MemWatch {
+    store: MemStore,
+    /// The first revision not delivered yet.
+    next_rev: i64,
+    /// [`MemState::watch_epoch`] when opened.
+    epoch: u64,
+    written: tokio::sync::watch::Receiver<i64>,
+}
+
+impl MemWatch {
+    /// What the log holds for this watch now (`None`: nothing yet).
+    fn poll(&mut self) -> Option<WatchNext> {
+        let s = self.store.state();
+        if s.watch_epoch != self.epoch {
+            return Some(WatchNext::Closed);
+        }
+        if self.next_rev < s.compacted {
+            return Some(WatchNext::Compacted {
+                compact_revision: s.compacted,
+            });
+        }
+        let events: Vec<MembershipEvent> = s
+            .membership_log
+            .iter()
+            .filter(|(rev, _, _)| *rev >= self.next_rev)
+            .map(|(rev, node, gone)| MembershipEvent {
+                revision: *rev,
+                change: match gone {
+                    None => MembershipChange::Joined { node: node.clone() },
+                    // Decoded as the etcd adapter decodes the previous value.
+                    Some(instance) => MembershipChange::Gone {
+                        node: node.clone(),
+                        instance: Some(crate::instance::from_etcd(instance.as_bytes())),
+                    },
+                },
+            })
+            .collect();
+        let last = events.last()?.revision;
+        self.next_rev = last + 1;
+        Some(WatchNext::Events(events))
+    }
+}
+
+impl MembershipWatch for MemWatch {
+    async fn next(&mut self) -> WatchNext {
+        loop {
+            self.written.borrow_and_update();
+            if let Some(next) = self.poll() {
+                return next;
+            }
+            if self.written.changed().await.is_err() {
+                return WatchNext::Closed;
             }
         }
-        Ok(live)
     }
 }
