@@ -14,7 +14,11 @@
 //! revoke) and [`LeaveStore`] its leave (return arenas, depart). The rest of the agent
 //! (the lease keepalive stream, arenas at start, its own-membership watch) stays on
 //! [`EtcdStore`].
+//!
+//! The words of these traits are neutral (no etcd type); [`etcd`] reads etcd's watch
+//! stream into them and puts [`EtcdStore`] behind the new traits, [`mem`] is the twin.
 
+pub mod etcd;
 pub mod mem;
 
 use std::future::Future;
@@ -179,39 +183,6 @@ pub trait JoinStore: Clone + Send + Sync + 'static {
 
     /// Revokes `lease`, deleting every key bound to it.
     fn revoke(&self, lease: i64) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-impl MembershipFeed for EtcdStore {
-    type Watch = crate::store::EtcdMembershipWatch;
-
-    async fn membership_events(&self, from_rev: i64) -> Result<Self::Watch, StoreError> {
-        EtcdStore::membership_events(self, from_rev).await
-    }
-}
-
-impl JoinStore for EtcdStore {
-    async fn restart_state(&self, node: &NodeId) -> Result<RestartState, StoreError> {
-        EtcdStore::restart_state(self, node).await
-    }
-
-    async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
-        EtcdStore::grant(self, ttl).await
-    }
-
-    async fn join(
-        &self,
-        node: &NodeId,
-        instance: &str,
-        lease: i64,
-        seen: &RestartState,
-        boot_id: Option<&str>,
-    ) -> Result<Option<Joined>, StoreError> {
-        EtcdStore::join(self, node, instance, lease, seen, boot_id).await
-    }
-
-    async fn revoke(&self, lease: i64) -> Result<(), StoreError> {
-        EtcdStore::revoke(self, lease).await
-    }
 }
 
 /// The store operations of the agent's leave, after quiescence: return our arenas,

@@ -4,15 +4,13 @@
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, EventType, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp,
-    WatchOptions, WatchStream,
+    Compare, CompareOp, LeaseKeepAliveStream, LeaseKeeper, PutOptions, Txn, TxnOp, WatchOptions,
+    WatchStream,
 };
 
 use super::{EtcdStore, Result, StoreError, absent, kvs, parse_u64, revision, text};
 use crate::core::attest::LivenessRecord;
-use crate::keys::Keys;
 use crate::node::NodeId;
-use crate::ports::{MembershipChange, MembershipEvent, MembershipWatch, WatchNext};
 
 /// `boot/<node>`: which boot of the host the node last joined from, and the
 /// generation it joined with (or that `fenced unfence` acknowledged).
@@ -130,15 +128,6 @@ impl EtcdStore {
             .watch(self.keys.membership_prefix(), Some(opts))
             .await
             .map_err(|e| StoreError::classify("watch", e))
-    }
-
-    /// The membership watch from `start_rev` (0: from now) in the port's words
-    /// ([`crate::ports::MembershipFeed`]).
-    pub async fn membership_events(&self, start_rev: i64) -> Result<EtcdMembershipWatch> {
-        Ok(EtcdMembershipWatch {
-            stream: self.watch_membership(start_rev).await?,
-            keys: self.keys.clone(),
-        })
     }
 
     /// What a start reads before it writes anything: the boot record of the node's last
@@ -349,61 +338,5 @@ impl EtcdStore {
             )])
             .and_then(ops);
         Ok(self.txn("depart", txn).await?.succeeded())
-    }
-}
-
-/// etcd's membership watch stream, read as [`MembershipEvent`]s: the key decoded to a
-/// node, the previous value of a DELETE decoded to an instance id.
-pub struct EtcdMembershipWatch {
-    stream: WatchStream,
-    keys: Keys,
-}
-
-impl std::fmt::Debug for EtcdMembershipWatch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdMembershipWatch")
-            .finish_non_exhaustive()
-    }
-}
-
-impl MembershipWatch for EtcdMembershipWatch {
-    async fn next(&mut self) -> WatchNext {
-        let msg = match self.stream.message().await {
-            Ok(Some(m)) => m,
-            Ok(None) => return WatchNext::Closed,
-            Err(e) => return WatchNext::Failed(StoreError::classify("watch", e)),
-        };
-        if msg.canceled() {
-            return if msg.compact_revision() > 0 {
-                WatchNext::Compacted {
-                    compact_revision: msg.compact_revision(),
-                }
-            } else {
-                WatchNext::Canceled {
-                    reason: msg.cancel_reason().to_owned(),
-                }
-            };
-        }
-        let prefix = self.keys.membership_prefix();
-        let events = msg
-            .events()
-            .iter()
-            .filter_map(|ev| {
-                let kv = ev.kv()?;
-                let change = match self.keys.node_of(&prefix, kv.key()) {
-                    None => MembershipChange::Foreign,
-                    Some(node) if ev.event_type() == EventType::Delete => MembershipChange::Gone {
-                        node,
-                        instance: ev.prev_kv().map(|p| crate::instance::from_etcd(p.value())),
-                    },
-                    Some(node) => MembershipChange::Joined { node },
-                };
-                Some(MembershipEvent {
-                    revision: kv.mod_revision(),
-                    change,
-                })
-            })
-            .collect();
-        WatchNext::Events(events)
     }
 }

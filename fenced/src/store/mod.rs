@@ -49,7 +49,7 @@ pub use arenas::LegacyArena;
 pub use error::StoreError;
 pub use fence::{Abort, ClaimGuard, Finish};
 pub use health::{EndpointState, RequestHook, probe_endpoints};
-pub use membership::{BootRecord, EtcdMembershipWatch, Joined, RestartState};
+pub use membership::{BootRecord, Joined, RestartState};
 pub use presence::apply_controller_event;
 pub use security::{EtcdSecurity, SecurityError};
 pub use space::{
