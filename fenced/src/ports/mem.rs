@@ -2,11 +2,12 @@
 //! of the etcd transactions and injectable errors. Logic only: revisions are one
 //! counter, leases expire when a test says so ([`MemStore::expire_lease`]), and there
 //! is no concurrency story beyond the mutex. The membership watch is a revisioned
-//! event log ([`MembershipFeed`]: resume from a revision, compaction, a watch that
-//! ends). It exists so the controller's decisions (claim lost, departure refused then
-//! re-claimed, an unconfirmed fence stays owed) have unit tests, and so an agent's join
-//! and a running controller can meet on it (`tests/twin.rs`); whether the protocol
-//! holds on etcd is what the other suites in `tests/` show.
+//! event log ([`MembershipFeed`](super::MembershipFeed): resume from a revision,
+//! compaction, a watch that ends; in `membership`, with the agent's join and leave).
+//! It exists so the controller's decisions (claim lost, departure refused then
+//! re-claimed, an unconfirmed fence stays owed) have unit tests, and so an agent's
+//! join and a running controller can meet on it (`tests/twin.rs`); whether the
+//! protocol holds on etcd is what the other suites in `tests/` show.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,12 +17,13 @@ use crate::core::{
     BumpOutcome, ClaimFacts, ClaimOutcome, FenceCheck, SweepSnapshot, Victim, claim_outcome,
 };
 use crate::node::NodeId;
-use crate::store::{Abort, BootRecord, ClaimGuard, Finish, Joined, RestartState, StoreError};
+use crate::store::{Abort, BootRecord, ClaimGuard, Finish, StoreError};
 
-use super::{
-    FenceStore, JoinStore, LeaveStore, MembershipChange, MembershipEvent, MembershipFeed,
-    MembershipWatch, WatchNext,
-};
+use super::FenceStore;
+
+mod membership;
+
+pub use membership::MemWatch;
 
 /// The key space of the fence path, one map per key prefix. Revisions are one
 /// counter, bumped by every write, like etcd's.
@@ -58,7 +60,7 @@ pub struct MemState {
     /// Operations performed (successful or refused, not injected failures), by name:
     /// what a unit test counts instead of etcd round trips.
     pub calls: BTreeMap<&'static str, u64>,
-    /// The lease each membership is bound to (joins through [`JoinStore`]).
+    /// The lease each membership is bound to (joins through [`JoinStore`](super::JoinStore)).
     pub member_leases: BTreeMap<NodeId, i64>,
     /// Leases granted and not yet expired or revoked, with their TTL.
     pub leases: BTreeMap<i64, Duration>,
@@ -175,7 +177,8 @@ impl MemStore {
 
     /// The next `times` calls of `op` (`claim`, `finish`, `abort`, `drop_stale`,
     /// `sweep_snapshot`, `fence_check`, `stamp_sweep`, `owned_arenas`, `release_arena`,
-    /// `depart`, `restart_state`, `grant`, `join`, `revoke`, `watch`) fail as if etcd were unreachable, writing nothing.
+    /// `depart`, `restart_state`, `grant`, `join`, `revoke`, `watch`) fail as if etcd
+    /// were unreachable, writing nothing.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.faults
             .lock()
@@ -239,7 +242,7 @@ impl MemStore {
     }
 
     /// Compacts the history below `revision`: a watch resuming from before it is told
-    /// so ([`WatchNext::Compacted`]).
+    /// so ([`WatchNext::Compacted`](super::WatchNext::Compacted)).
     pub fn compact(&self, revision: i64) {
         {
             let mut s = self.state();
@@ -248,7 +251,8 @@ impl MemStore {
         self.wake();
     }
 
-    /// Ends every open watch ([`WatchNext::Closed`]), like a lost connection.
+    /// Ends every open watch ([`WatchNext::Closed`](super::WatchNext::Closed)), like a
+    /// lost connection.
     pub fn end_watches(&self) {
         self.state().watch_epoch += 1;
         self.wake();
@@ -479,230 +483,6 @@ impl MemStore {
             done_rev: s.done.get(node).copied().unwrap_or(0),
             departed: s.departed.contains_key(node),
             member: s.members.contains_key(node),
-        }
-    }
-}
-
-impl LeaveStore for MemStore {
-    async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>, StoreError> {
-        self.fault("owned_arenas")?;
-        Ok(self
-            .state()
-            .owned
-            .get(node)
-            .map(|a| a.iter().cloned().collect())
-            .unwrap_or_default())
-    }
-
-    async fn release_arena(
-        &self,
-        node: &NodeId,
-        membership_rev: i64,
-        arena: &str,
-    ) -> Result<bool, StoreError> {
-        self.fault("release_arena")?;
-        let mut s = self.state();
-        let ours = s.membership_revs.get(node) == Some(&membership_rev)
-            && s.members.contains_key(node)
-            && s.owned.get(node).is_some_and(|a| a.contains(arena));
-        if ours {
-            s.write();
-            if let Some(owned) = s.owned.get_mut(node) {
-                owned.remove(arena);
-            }
-            s.free.insert(arena.to_owned());
-        }
-        Ok(ours)
-    }
-
-    async fn depart(
-        &self,
-        node: &NodeId,
-        instance: &str,
-        membership_rev: i64,
-        boot: Option<&BootRecord>,
-    ) -> Result<bool, StoreError> {
-        self.fault("depart")?;
-        let live = {
-            let mut s = self.state();
-            let live = s.members.contains_key(node)
-                && s.membership_revs.get(node) == Some(&membership_rev);
-            if live {
-                let rev = s.write();
-                s.delete_member(node, rev);
-                s.departed.insert(node.clone(), (instance.to_owned(), rev));
-                if let Some(b) = boot {
-                    s.boots.insert(node.clone(), b.clone());
-                }
-            }
-            live
-        };
-        self.wake();
-        Ok(live)
-    }
-}
-
-impl JoinStore for MemStore {
-    async fn restart_state(&self, node: &NodeId) -> Result<RestartState, StoreError> {
-        self.fault("restart_state")?;
-        let s = self.state();
-        let (boot, boot_rev) = match s.boot_records.get(node) {
-            Some((b, rev)) => (Some(b.clone()), *rev),
-            None => (None, 0),
-        };
-        let (generation, generation_rev) = s.generations.get(node).copied().unwrap_or((0, 0));
-        Ok(RestartState {
-            boot,
-            boot_rev,
-            generation,
-            generation_rev,
-            member: s.members.contains_key(node),
-            revision: s.revision,
-        })
-    }
-
-    async fn grant(&self, ttl: Duration) -> Result<i64, StoreError> {
-        self.fault("grant")?;
-        let mut s = self.state();
-        s.last_lease += 1;
-        let lease = s.last_lease;
-        s.leases.insert(lease, ttl);
-        Ok(lease)
-    }
-
-    async fn join(
-        &self,
-        node: &NodeId,
-        instance: &str,
-        lease: i64,
-        seen: &RestartState,
-        boot_id: Option<&str>,
-    ) -> Result<Option<Joined>, StoreError> {
-        self.fault("join")?;
-        let joined = {
-            let mut s = self.state();
-            let generation_rev = s.generations.get(node).map_or(0, |g| g.1);
-            if s.claims.contains_key(node)
-                || s.members.contains_key(node)
-                || generation_rev != seen.generation_rev
-            {
-                return Ok(None);
-            }
-            if !s.leases.contains_key(&lease) {
-                return Err(StoreError::LeaseGone {
-                    op: "join",
-                    source: etcd_client::Error::GRpcStatus(tonic::Status::not_found(format!(
-                        "in-memory store: lease {lease} not found (expired or revoked)"
-                    ))),
-                });
-            }
-            let rev = s.write();
-            s.put_member(node, instance, rev, Some(lease));
-            s.pending.remove(node);
-            s.done.remove(node);
-            s.departed.remove(node);
-            s.instances.insert(node.clone(), instance.to_owned());
-            if seen.generation_rev == 0 {
-                s.generations.insert(node.clone(), (0, rev));
-            }
-            if let Some(boot_id) = boot_id {
-                let record = BootRecord {
-                    boot_id: boot_id.to_owned(),
-                    generation: seen.generation,
-                    by: BootRecord::BY_JOIN.to_owned(),
-                };
-                s.boot_records.insert(node.clone(), (record, rev));
-            }
-            Joined {
-                membership_rev: rev,
-                generation: seen.generation,
-            }
-        };
-        self.wake();
-        Ok(Some(joined))
-    }
-
-    async fn revoke(&self, lease: i64) -> Result<(), StoreError> {
-        self.fault("revoke")?;
-        self.expire_lease(lease);
-        Ok(())
-    }
-}
-
-impl MembershipFeed for MemStore {
-    type Watch = MemWatch;
-
-    async fn membership_events(&self, from_rev: i64) -> Result<MemWatch, StoreError> {
-        self.fault("watch")?;
-        let s = self.state();
-        Ok(MemWatch {
-            store: self.clone(),
-            next_rev: if from_rev > 0 {
-                from_rev
-            } else {
-                s.revision + 1
-            },
-            epoch: s.watch_epoch,
-            written: self.written.subscribe(),
-        })
-    }
-}
-
-/// A watch of the twin's membership log, from a revision.
-#[derive(Debug)]
-pub struct MemWatch {
-    store: MemStore,
-    /// The first revision not delivered yet.
-    next_rev: i64,
-    /// [`MemState::watch_epoch`] when opened.
-    epoch: u64,
-    written: tokio::sync::watch::Receiver<i64>,
-}
-
-impl MemWatch {
-    /// What the log holds for this watch now (`None`: nothing yet).
-    fn poll(&mut self) -> Option<WatchNext> {
-        let s = self.store.state();
-        if s.watch_epoch != self.epoch {
-            return Some(WatchNext::Closed);
-        }
-        if self.next_rev < s.compacted {
-            return Some(WatchNext::Compacted {
-                compact_revision: s.compacted,
-            });
-        }
-        let events: Vec<MembershipEvent> = s
-            .membership_log
-            .iter()
-            .filter(|(rev, _, _)| *rev >= self.next_rev)
-            .map(|(rev, node, gone)| MembershipEvent {
-                revision: *rev,
-                change: match gone {
-                    None => MembershipChange::Joined { node: node.clone() },
-                    // Decoded as the etcd adapter decodes the previous value.
-                    Some(instance) => MembershipChange::Gone {
-                        node: node.clone(),
-                        instance: Some(crate::instance::from_etcd(instance.as_bytes())),
-                    },
-                },
-            })
-            .collect();
-        let last = events.last()?.revision;
-        self.next_rev = last + 1;
-        Some(WatchNext::Events(events))
-    }
-}
-
-impl MembershipWatch for MemWatch {
-    async fn next(&mut self) -> WatchNext {
-        loop {
-            self.written.borrow_and_update();
-            if let Some(next) = self.poll() {
-                return next;
-            }
-            if self.written.changed().await.is_err() {
-                return WatchNext::Closed;
-            }
         }
     }
 }
