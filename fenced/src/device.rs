@@ -81,7 +81,17 @@ pub fn register_and_hold(
             cptpl,
         })?;
     }
-    if device.report()?.rtype == ReservationType::NONE
+    hold_if_none(device, key, device.report()?.rtype)?;
+    Ok(device.report()?.rtype)
+}
+
+/// The acquire half of holding the reservation: when `held` (the type the caller's
+/// report showed) is none, acquires [`RESERVATION_TYPE`] with our registered `key`. A
+/// peer that acquires in between is fine: our acquire failing is an error only when a
+/// report read after it still shows no reservation. Blocking: call it on
+/// `spawn_blocking`. Used by [`register_and_hold`] and by the agent's device check.
+pub fn hold_if_none(device: &Device, key: Key, held: ReservationType) -> nvme_resv::Result<()> {
+    if held == ReservationType::NONE
         && let Err(e) = device.acquire(&Acquire {
             racqa: AcquireAction::Acquire,
             rtype: RESERVATION_TYPE,
@@ -93,7 +103,7 @@ pub fn register_and_hold(
     {
         return Err(e);
     }
-    Ok(device.report()?.rtype)
+    Ok(())
 }
 
 /// A boxed, sendable future (the same type as `fencer::BoxFuture`).
@@ -242,6 +252,41 @@ impl Reservations for ObservedDevice {
 mod tests {
     use super::*;
     use crate::fencer::FenceCause;
+
+    fn register(device: &Device, key: Key) {
+        device
+            .register(&Register {
+                rrega: RegisterAction::Register,
+                crkey: Key(0),
+                nrkey: key,
+                iekey: false,
+                cptpl: Cptpl::NoChange,
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn hold_if_none_acquires_only_when_nothing_is_held() {
+        let ns = nvme_resv::model::Namespace::new();
+        let ours: Device = Arc::new(ns.host(nvme_resv::HostId([1; 16])));
+        register(&ours, Key(1));
+        // A report that shows a reservation held: nothing is sent.
+        ns.fail_next(
+            nvme_resv::Operation::Acquire,
+            nvme_resv::NvmeStatus::INTERNAL,
+        );
+        hold_if_none(&ours, Key(1), RESERVATION_TYPE).unwrap();
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
+        // None held: acquired (after the queued fault, which fails the first try).
+        let e = hold_if_none(&ours, Key(1), ReservationType::NONE).unwrap_err();
+        assert!(
+            e.status()
+                .is_some_and(|s| s.same_code(nvme_resv::NvmeStatus::INTERNAL)),
+            "{e}"
+        );
+        hold_if_none(&ours, Key(1), ReservationType::NONE).unwrap();
+        assert_eq!(ns.snapshot().rtype, RESERVATION_TYPE);
+    }
 
     #[derive(Debug)]
     struct Fixed(Result<Option<NamespaceIdentity>, String>);

@@ -2,8 +2,9 @@
 //!
 //! - [`core`]: the decision core (no I/O, no clock): fence state machine, sweep plan,
 //!   departure rule, self-fencing watchdog.
-//! - [`ports`]: the narrow store traits of the controller's fence path and the agent's
-//!   leave, for etcd and in memory (unit tests of their logic).
+//! - [`ports`]: the narrow store traits of the controller's fence path and membership
+//!   watch and of the agent's join and leave, for etcd and in memory (the twin: unit
+//!   tests of their logic, and `tests/twin.rs`, agents and a controller together).
 //! - [`clock`]: the one wall-clock read (Unix milliseconds for records).
 //! - [`keys`]: the etcd key layout under a configurable root.
 //! - [`node`]: validated node ids; [`instance`]: the instance id rule.
@@ -48,6 +49,9 @@
 //!   compares besides the claim); and the sweep's *snapshot guard*
 //!   ([`core::SnapshotGuard`]: the revisions a sweep decided from, compared again by
 //!   the `recheck_intent` step).
+//! - **twin**: [`ports::mem::MemStore`], the in-memory store behind the same port
+//!   traits as [`store::EtcdStore`] (the *adapter*); it holds the same guards and a
+//!   revisioned membership log, not etcd's leases, gRPC or timing.
 //! - **role** names two things: the *daemon role*, what `fenced run` runs (`agent`,
 //!   `controller` or `both`, the `role` setting); and an *etcd role*, an etcd RBAC
 //!   role granting one actor's writes (`fenced etcd-roles`, [`store::roles`]). Say

@@ -4,19 +4,32 @@
 //! raft-rs's `MemStorage`). Real-etcd tests (`tests/`) remain the evidence that the
 //! protocol holds; the in-memory store only exercises the controller's decisions.
 //!
-//! [`LeaveStore`] is the agent's leave (return arenas, depart). The rest of the agent
-//! (join, the lease keepalive stream, the device) stays on [`EtcdStore`], as do the
-//! membership watch (a stream of etcd-client types): `Controller::spawn` (the watch
-//! loop) exists only for `Controller<EtcdStore>`.
+//! [`MembershipFeed`] is the controller's membership watch, in the port's own words
+//! ([`MembershipEvent`], [`WatchNext`]: a membership joined or gone at a revision,
+//! resume from a revision, compaction): the watch and sweep loops run over any
+//! `MembershipFeed` (`Controller::spawn_watch_and_sweep`); only the presence loop (a
+//! lease and a watch of `controller/`) stays on [`EtcdStore`] (`Controller::spawn`).
+//!
+//! [`JoinStore`] is the agent's join (restart read, lease grant, the guarded join,
+//! revoke) and [`LeaveStore`] its leave (return arenas, depart). The rest of the agent
+//! (the lease keepalive stream, arenas at start, its own-membership watch) stays on
+//! [`EtcdStore`].
+//!
+//! The words of these traits are neutral (no etcd type); [`etcd`] reads etcd's watch
+//! stream into them and puts [`EtcdStore`] behind the new traits, [`mem`] is the twin.
 
+pub mod etcd;
 pub mod mem;
 
 use std::future::Future;
 use std::time::Duration;
 
 use crate::core::{BumpOutcome, ClaimOutcome, FenceCheck, SweepSnapshot, Victim};
+use crate::instance::InvalidInstanceId;
 use crate::node::NodeId;
-use crate::store::{Abort, BootRecord, ClaimGuard, EtcdStore, Finish, StoreError};
+use crate::store::{
+    Abort, BootRecord, ClaimGuard, EtcdStore, Finish, Joined, RestartState, StoreError,
+};
 
 /// The store operations of the fence path (`claim` → Fencer → `finish` or `abort`), of
 /// the sweep (`sweep_snapshot`, `drop_stale`, `stamp_sweep`) and of a standby
@@ -69,6 +82,107 @@ pub trait FenceStore: Clone + Send + Sync + std::fmt::Debug + 'static {
 
     /// Stamps a completed full sweep by controller `id` (`controller/sweep_done`).
     fn stamp_sweep(&self, id: &str) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// One change of `membership/<node>` the membership watch saw, at `revision`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MembershipEvent {
+    /// The store revision of the change (the watch resumes after the last one seen).
+    pub revision: i64,
+    /// What changed.
+    pub change: MembershipChange,
+}
+
+/// What a [`MembershipEvent`] changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MembershipChange {
+    /// A membership was written (a join).
+    Joined {
+        /// The member.
+        node: NodeId,
+    },
+    /// A membership is gone (its lease expired or was revoked, or the node departed):
+    /// a death, unless a departure marker says otherwise.
+    Gone {
+        /// The node.
+        node: NodeId,
+        /// The instance id the membership held, as decoded (`None`: the store did not
+        /// say); an id outside the rule is the caller's to handle.
+        instance: Option<Result<String, InvalidInstanceId>>,
+    },
+    /// A key under the membership prefix that names no node: ignored (its revision
+    /// still counts).
+    Foreign,
+}
+
+/// What the membership watch delivers next.
+#[derive(Debug)]
+pub enum WatchNext {
+    /// Changes, in revision order.
+    Events(Vec<MembershipEvent>),
+    /// The revision the watch started from was compacted away: changes were lost and
+    /// resuming from there would fail again.
+    Compacted {
+        /// The store's compaction revision.
+        compact_revision: i64,
+    },
+    /// The store ended the watch for another reason.
+    Canceled {
+        /// The store's reason.
+        reason: String,
+    },
+    /// The watch ended without an error (the connection closed).
+    Closed,
+    /// The watch failed.
+    Failed(StoreError),
+}
+
+/// An open membership watch ([`MembershipFeed::membership_events`]).
+pub trait MembershipWatch: Send + 'static {
+    /// Waits for what the watch delivers next.
+    fn next(&mut self) -> impl Future<Output = WatchNext> + Send;
+}
+
+/// The controller's membership watch: every change of `membership/`, from a revision.
+pub trait MembershipFeed: FenceStore {
+    /// The open watch.
+    type Watch: MembershipWatch;
+
+    /// Opens the membership watch from `from_rev` (0: from now), gone memberships with
+    /// the instance id they held.
+    fn membership_events(
+        &self,
+        from_rev: i64,
+    ) -> impl Future<Output = Result<Self::Watch, StoreError>> + Send;
+}
+
+/// The store operations of the agent's join: the read before any write (the restart
+/// rule's facts), the membership lease, the guarded join, and the revoke that gives
+/// the lease (and the membership on it) back.
+pub trait JoinStore: Clone + Send + Sync + 'static {
+    /// `boot/<node>`, `gen/<node>` and whether `node` is a member (one read).
+    fn restart_state(
+        &self,
+        node: &NodeId,
+    ) -> impl Future<Output = Result<RestartState, StoreError>> + Send;
+
+    /// Grants a lease of `ttl`.
+    fn grant(&self, ttl: Duration) -> impl Future<Output = Result<i64, StoreError>> + Send;
+
+    /// `membership/<node>` = `instance` on `lease`, refused (`None`) while a fence
+    /// claim on `node` is held, `node` is a member, or its generation moved since
+    /// `seen`; records `boot/<node>` when `boot_id` is given.
+    fn join(
+        &self,
+        node: &NodeId,
+        instance: &str,
+        lease: i64,
+        seen: &RestartState,
+        boot_id: Option<&str>,
+    ) -> impl Future<Output = Result<Option<Joined>, StoreError>> + Send;
+
+    /// Revokes `lease`, deleting every key bound to it.
+    fn revoke(&self, lease: i64) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// The store operations of the agent's leave, after quiescence: return our arenas,

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
-use nvme_resv::{Acquire, AcquireAction, Key, ReservationType};
+use nvme_resv::{Key, ReservationType};
 use tokio::task::JoinHandle;
 
 use crate::core::{
     DeviceHealth, DeviceVerdict, KeyGoneReport, MissingKey, check_device, device_health,
     missing_key,
 };
-use crate::device::{Device, RESERVATION_TYPE, key_registered};
+use crate::device::{Device, hold_if_none, key_registered};
 use crate::node::NodeId;
 
 /// The device check in flight, if any, and when it started.
@@ -105,13 +105,7 @@ fn check_once(device: &Device, key: Key, last_seen: &LastSeen) -> nvme_resv::Res
         }
     }
     if v == DeviceVerdict::Acquire {
-        device.acquire(&Acquire {
-            racqa: AcquireAction::Acquire,
-            rtype: RESERVATION_TYPE,
-            crkey: key,
-            prkey: Key(0),
-            iekey: false,
-        })?;
+        hold_if_none(device, key, r.rtype)?;
     }
     Ok(v)
 }
@@ -137,5 +131,81 @@ pub(super) fn on_verdict(
             tracing::warn!(node = %node, error = %e, "reservation report failed");
             None
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use nvme_resv::model::{Host, Namespace};
+    use nvme_resv::{
+        Acquire, Cptpl, HostId, NvmeStatus, Operation, Register, RegisterAction, Release,
+        ReservationStatus, Reservations,
+    };
+
+    use super::*;
+    use crate::device::RESERVATION_TYPE;
+
+    /// Our host on the model, whose acquire a peer beats: the peer acquires first, then
+    /// ours is refused.
+    #[derive(Debug)]
+    struct PeerFirst {
+        ours: Host,
+        peer: Host,
+    }
+
+    impl Reservations for PeerFirst {
+        fn register(&self, cmd: &Register) -> nvme_resv::Result<()> {
+            self.ours.register(cmd)
+        }
+        fn acquire(&self, cmd: &Acquire) -> nvme_resv::Result<()> {
+            self.peer.acquire(&Acquire {
+                crkey: Key(2),
+                ..*cmd
+            })?;
+            self.ours
+                .namespace()
+                .fail_next(Operation::Acquire, NvmeStatus::RESERVATION_CONFLICT);
+            self.ours.acquire(cmd)
+        }
+        fn release(&self, cmd: &Release) -> nvme_resv::Result<()> {
+            self.ours.release(cmd)
+        }
+        fn report(&self) -> nvme_resv::Result<ReservationStatus> {
+            self.ours.report()
+        }
+    }
+
+    fn registered(host: &Host, key: Key) {
+        host.register(&Register {
+            rrega: RegisterAction::Register,
+            crkey: Key(0),
+            nrkey: key,
+            iekey: false,
+            cptpl: Cptpl::NoChange,
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn a_check_whose_acquire_a_peer_beats_is_no_error() {
+        let ns = Namespace::new();
+        let (ours, peer) = (ns.host(HostId([1; 16])), ns.host(HostId([2; 16])));
+        registered(&ours, Key(1));
+        registered(&peer, Key(2));
+        let device: Device = Arc::new(PeerFirst { ours, peer });
+        let v = check_once(&device, Key(1), &LastSeen::default()).unwrap();
+        assert_eq!(v, DeviceVerdict::Acquire);
+        assert_eq!(ns.snapshot().rtype, RESERVATION_TYPE);
+    }
+
+    #[test]
+    fn a_check_whose_acquire_fails_with_nothing_held_reports_the_error() {
+        let ns = Namespace::new();
+        let ours = ns.host(HostId([1; 16]));
+        registered(&ours, Key(1));
+        ns.fail_next(Operation::Acquire, NvmeStatus::INTERNAL);
+        let device: Device = Arc::new(ours);
+        assert!(check_once(&device, Key(1), &LastSeen::default()).is_err());
+        assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
     }
 }

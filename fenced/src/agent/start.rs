@@ -10,7 +10,8 @@ use nvme_resv::Key;
 use super::keepalive::spawn_keepalive;
 use super::{Agent, AgentConfig, AgentError, IoGate, blocking, boot, dev, identity};
 use crate::device::{Device, key_registered, register_and_hold, unregister_checked};
-use crate::store::{EtcdStore, RestartState};
+use crate::ports::JoinStore;
+use crate::store::{EtcdStore, Joined, RestartState};
 
 impl Agent {
     /// `join` + `read_own_generation` + `unfence` + `claim_arena`.
@@ -33,7 +34,7 @@ impl Agent {
         };
         // Before any write: a node fenced since its last join does not come back on
         // the same boot.
-        let mut seen = Self::check_restart(&store, &cfg).await?;
+        let seen = Self::check_restart(&store, &cfg).await?;
         if let Some(ours) = &cfg.namespace {
             identity::check_namespace(&store, &cfg.node, ours).await?;
         }
@@ -46,39 +47,8 @@ impl Agent {
             cfg.ttl,
             cfg.self_fence_margin,
         );
-        let t0 = Instant::now();
-        let joined = loop {
-            if let Some(j) = store
-                .join(
-                    &cfg.node,
-                    &cfg.instance,
-                    lease,
-                    &seen,
-                    cfg.boot_id.as_deref(),
-                )
-                .await?
-            {
-                break j;
-            }
-            if t0.elapsed() > cfg.join_timeout {
-                keepalive.abort();
-                let _ = store.revoke(lease).await;
-                return Err(AgentError::JoinRefused {
-                    node: cfg.node.clone(),
-                    waited: t0.elapsed(),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-            // The join is conditioned on the generation we checked: read and check again.
-            seen = match Self::check_restart(&store, &cfg).await {
-                Ok(s) => s,
-                Err(e) => {
-                    keepalive.abort();
-                    let _ = store.revoke(lease).await;
-                    return Err(e);
-                }
-            };
-        };
+        let (joined, seen) =
+            Self::join_membership(&store, &cfg, lease, seen, || keepalive.abort()).await?;
         tracing::info!(step = "join", node = %cfg.node, instance = %cfg.instance, lease, membership_rev = joined.membership_rev, "joined membership");
         tracing::info!(step = "read_own_generation", node = %cfg.node, generation = joined.generation, "generation read");
         let mut agent = Self {
@@ -147,8 +117,8 @@ impl Agent {
     /// read, no write) and refuses with [`AgentError::FencedSameBoot`] when it was
     /// fenced since its last join from this same boot. The daemon calls it before any
     /// etcd write of its own; [`Agent::start`] calls it again.
-    pub async fn check_restart(
-        store: &EtcdStore,
+    pub async fn check_restart<S: JoinStore>(
+        store: &S,
         cfg: &AgentConfig,
     ) -> Result<RestartState, AgentError> {
         let seen = store.restart_state(&cfg.node).await?;
@@ -156,6 +126,55 @@ impl Agent {
             boot::check_restart(&cfg.node, &seen, boot_id)?;
         }
         Ok(seen)
+    }
+
+    /// The join on `lease`, retried every 250 ms while it is refused (a fence claim on
+    /// us, our previous membership not expired yet, our generation moved), reading and
+    /// checking the restart rule again before each retry (the join is conditioned on
+    /// the generation `seen` read). Past [`AgentConfig::join_timeout`], or when the
+    /// check refuses, it calls `stop_renewing`, revokes `lease` and fails. Returns the
+    /// join and the restart state it was conditioned on.
+    pub async fn join_membership<S: JoinStore>(
+        store: &S,
+        cfg: &AgentConfig,
+        lease: i64,
+        mut seen: RestartState,
+        stop_renewing: impl FnOnce(),
+    ) -> Result<(Joined, RestartState), AgentError> {
+        let t0 = Instant::now();
+        let joined = loop {
+            if let Some(j) = store
+                .join(
+                    &cfg.node,
+                    &cfg.instance,
+                    lease,
+                    &seen,
+                    cfg.boot_id.as_deref(),
+                )
+                .await?
+            {
+                break j;
+            }
+            if t0.elapsed() > cfg.join_timeout {
+                stop_renewing();
+                let _ = store.revoke(lease).await;
+                return Err(AgentError::JoinRefused {
+                    node: cfg.node.clone(),
+                    waited: t0.elapsed(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            // The join is conditioned on the generation we checked: read and check again.
+            seen = match Self::check_restart(store, cfg).await {
+                Ok(s) => s,
+                Err(e) => {
+                    stop_renewing();
+                    let _ = store.revoke(lease).await;
+                    return Err(e);
+                }
+            };
+        };
+        Ok((joined, seen))
     }
 
     async fn unfence(&mut self) -> Result<(), AgentError> {

@@ -13,8 +13,8 @@
 //! sweep each period and stamps it; the next in order takes over when the stamps
 //! stop. The claim transaction still decides who fences.
 //!
-//! One loop or job per file: `watch` (membership DELETEs and what this controller
-//! does about each), `presence` (the roster of live controllers), `sweep` (the
+//! One loop or job per file: `watch` (membership DELETEs, taken through the
+//! [`MembershipFeed`] port, and what this controller does about each), `presence` (the roster of live controllers), `sweep` (the
 //! reconciliation sweep), `fence` (the driver of one fence); here the controller
 //! itself, its settings and counters, and the supervisor that keeps each loop running.
 
@@ -34,7 +34,7 @@ use crate::core::{OperatorWaits, Roster};
 use crate::fencer::Fencer;
 use crate::node::NodeId;
 use crate::observe::Observer;
-use crate::ports::FenceStore;
+use crate::ports::{FenceStore, MembershipFeed};
 use crate::store::EtcdStore;
 
 pub use sweep::SweepReport;
@@ -244,13 +244,22 @@ impl<S: FenceStore> Controller<S> {
     }
 }
 
-/// The watch loop needs etcd's membership watch stream: only over [`EtcdStore`].
-impl Controller<EtcdStore> {
-    /// Runs the watch and sweep loops until the returned task is aborted (dropping the
-    /// task aborts every fence it started, like a process death). Each loop is
-    /// supervised: one that stops (returns, panics) is reported to the observer
-    /// (`/healthz` fails) and started again with backoff.
-    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+impl<S: MembershipFeed> Controller<S> {
+    /// Runs the watch and sweep loops, without presence, until the returned task is
+    /// aborted: the roster stays as set ([`set_roster`](Self::set_roster); by default
+    /// out of sync, so this controller claims every death at once and sweeps every
+    /// period, as if alone). The controller over the twin runs this way; the product
+    /// runs [`spawn`](Controller::spawn).
+    pub fn spawn_watch_and_sweep(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        self.spawn_loops(|_| {})
+    }
+
+    /// The supervised sweep and watch loops, the spare claim lease, and what `more`
+    /// adds to the set.
+    fn spawn_loops(
+        self: &Arc<Self>,
+        more: impl FnOnce(&mut JoinSet<()>) + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             let mut fences = JoinSet::new();
@@ -264,12 +273,7 @@ impl Controller<EtcdStore> {
                 "controller_watch",
                 move || watcher.clone().watch_loop(),
             ));
-            let present = this.clone();
-            fences.spawn(supervise(
-                this.cfg.observer.clone(),
-                "presence",
-                move || present.clone().presence_loop(),
-            ));
+            more(&mut fences);
             let leases = this.store.clone();
             fences.spawn(async move {
                 // Keep a fresh spare claim lease ready, so a claim never waits on a grant.
@@ -281,6 +285,24 @@ impl Controller<EtcdStore> {
                 }
             });
             while fences.join_next().await.is_some() {}
+        })
+    }
+}
+
+/// Presence is an etcd lease and a watch of `controller/`: only over [`EtcdStore`].
+impl Controller<EtcdStore> {
+    /// Runs the watch, sweep and presence loops until the returned task is aborted
+    /// (dropping the task aborts every fence it started, like a process death). Each
+    /// loop is supervised: one that stops (returns, panics) is reported to the
+    /// observer (`/healthz` fails) and started again with backoff.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let present = self.clone();
+        self.spawn_loops(move |fences| {
+            fences.spawn(supervise(
+                present.cfg.observer.clone(),
+                "presence",
+                move || present.clone().presence_loop(),
+            ));
         })
     }
 }
@@ -704,6 +726,87 @@ mod tests {
             Some(FenceState::Fenced { generation: 1 })
         );
         assert_eq!(store.calls("fence_check"), 0);
+    }
+
+    /// Waits (up to 5 s) until `done` holds.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let t0 = Instant::now();
+        while !done() {
+            assert!(t0.elapsed() < Duration::from_secs(5), "timed out: {what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Controller `c1` over `store`, its loops running on the twin's membership log,
+    /// no sweep at start (so what is fenced, the watch fenced).
+    async fn watching(
+        store: &MemStore,
+        fencer: &Arc<Scripted>,
+        watch_from: Option<i64>,
+    ) -> (Arc<Controller<MemStore>>, tokio::task::JoinHandle<()>) {
+        let mut cfg = ControllerConfig::new("c1");
+        cfg.sweep_on_start = false;
+        cfg.watch_from = watch_from;
+        let c = Controller::new(store.clone(), fencer.clone() as Arc<dyn Fencer>, cfg);
+        let task = c.spawn_watch_and_sweep();
+        if watch_from.is_none() {
+            until("watch started", || {
+                c.stats().watch_starts.load(Ordering::SeqCst) >= 1
+            })
+            .await;
+        }
+        (c, task)
+    }
+
+    #[tokio::test]
+    async fn the_watch_loop_fences_a_death_from_the_twins_log() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let (c, task) = watching(&store, &fencer, None).await;
+        dead(&store, "n1");
+        until("n1 fenced", || c.stats().fenced.load(Ordering::SeqCst) == 1).await;
+        assert_eq!(store.generation(&n("n1")), 1);
+        assert_eq!(*fencer.instances.lock().unwrap(), ["i-n1"]);
+        assert_eq!(c.stats().sweeps.load(Ordering::SeqCst), 0);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_ends_resumes_after_the_last_revision_it_saw() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        let (c, task) = watching(&store, &fencer, None).await;
+        store.join(&n("n1"), "i-n1");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // The watch ends and n1 dies before it is back: a watch from "now" would miss
+        // the DELETE; one resumed after the last revision seen delivers it.
+        store.end_watches();
+        store.expire(&n("n1"));
+        until("n1 fenced", || c.stats().fenced.load(Ordering::SeqCst) == 1).await;
+        assert_eq!(c.stats().watch_starts.load(Ordering::SeqCst), 2);
+        assert_eq!(c.stats().sweeps.load(Ordering::SeqCst), 0);
+        task.abort();
+    }
+
+    #[tokio::test]
+    async fn a_compacted_watch_restarts_from_now_and_the_sweep_covers_the_gap() {
+        let store = MemStore::new();
+        let fencer = Arc::new(Scripted::default());
+        store.join(&n("n0"), "i-n0");
+        // The controller resumes from n1's join; history up to n1's death is compacted.
+        let from = store.join(&n("n1"), "i-n1");
+        let died = store.expire(&n("n1"));
+        store.compact(died + 1);
+        let (c, task) = watching(&store, &fencer, Some(from)).await;
+        until("the sweep fenced n1, the watch is back", || {
+            c.stats().sweeps.load(Ordering::SeqCst) == 1
+                && c.stats().watch_starts.load(Ordering::SeqCst) == 2
+        })
+        .await;
+        assert_eq!(c.stats().fenced.load(Ordering::SeqCst), 1);
+        assert_eq!(c.stats().watch_compacted.load(Ordering::SeqCst), 1);
+        assert_eq!(store.generation(&n("n1")), 1);
+        task.abort();
     }
 
     #[tokio::test]

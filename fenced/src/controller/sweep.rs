@@ -13,7 +13,7 @@ use crate::core::{
     ClaimGuard, FenceState, SweepClock, SweepDuty, Trigger, is_own_node, plan_sweep,
 };
 use crate::ports::FenceStore;
-use crate::store::{EtcdStore, StoreError};
+use crate::store::StoreError;
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -30,8 +30,8 @@ pub struct SweepReport {
     pub not_completed: usize,
 }
 
-/// The sweep loop runs beside the watch: only over [`EtcdStore`] (see `spawn`).
-impl Controller<EtcdStore> {
+/// The sweep loop runs beside the watch (see `spawn_watch_and_sweep`).
+impl<S: FenceStore> Controller<S> {
     /// Sweeps at start (unless `sweep_on_start` is off) and when kicked (a compacted
     /// watch), whoever sweeps the period; every `sweep_interval` only when the
     /// [`SweepClock`] says this controller is the period's sweeper.

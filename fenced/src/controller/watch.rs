@@ -5,18 +5,19 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use etcd_client::EventType;
 use tokio::task::JoinSet;
 
 use super::Controller;
 use crate::core::{
-    ClaimGuard, FenceDuty, FenceState, Trigger, Victim, fence_duty, is_own_node, standby_verdict,
+    ClaimGuard, FenceDuty, FenceState, StandbyClaim, Trigger, Victim, fence_duty, is_own_node,
+    standby_check_timeout, standby_decision,
 };
-use crate::ports::FenceStore;
-use crate::store::{EtcdStore, StoreError, count_round_trips};
+use crate::ports::{FenceStore, MembershipChange, MembershipFeed, MembershipWatch, WatchNext};
+use crate::store::count_round_trips;
 
-/// The watch loop needs etcd's membership watch stream: only over [`EtcdStore`].
-impl Controller<EtcdStore> {
+/// The watch loop takes its events through the port ([`MembershipFeed`]): etcd's
+/// watch in the product, the twin's event log in tests.
+impl<S: MembershipFeed> Controller<S> {
     pub(super) async fn watch_loop(self: Arc<Self>) {
         let mut fences = JoinSet::new();
         // Start from "now": whatever happened before is the sweep's (it runs at once).
@@ -26,7 +27,7 @@ impl Controller<EtcdStore> {
         loop {
             let _ = self.store.prepare_claim_lease().await;
             let start = if last_rev > 0 { last_rev + 1 } else { 0 };
-            let mut stream = match self.store.watch_membership(start).await {
+            let mut stream = match self.store.membership_events(start).await {
                 Ok(s) => s,
                 Err(e) => {
                     tracing::warn!(step = "watch_resume", error = %e, ?backoff, "membership watch failed, retrying");
@@ -46,50 +47,47 @@ impl Controller<EtcdStore> {
                 "membership watch started"
             );
             loop {
-                let msg = match stream.message().await {
-                    Ok(Some(m)) => m,
-                    Ok(None) => {
+                let events = match stream.next().await {
+                    WatchNext::Events(events) => events,
+                    WatchNext::Closed => {
                         tracing::warn!(
                             step = "watch_resume",
                             "fencing watch channel closed, reconnecting"
                         );
                         break;
                     }
-                    Err(e) => {
+                    WatchNext::Failed(e) => {
                         tracing::warn!(step = "watch_resume", error = %e, "fencing watch channel failed, reconnecting");
                         break;
                     }
-                };
-                backoff = Duration::from_millis(100);
-                if msg.canceled() {
-                    if msg.compact_revision() > 0 {
+                    WatchNext::Compacted { compact_revision } => {
+                        backoff = Duration::from_millis(100);
                         // Resuming would spin: start from now and let the sweep cover the gap.
                         self.stats.watch_compacted.fetch_add(1, Ordering::Relaxed);
                         tracing::warn!(
                             step = "watch_compacted",
                             last_revision = last_rev,
-                            compact_revision = msg.compact_revision(),
+                            compact_revision,
                             "watch revision compacted; restarting from now, sweep covers the gap"
                         );
                         last_rev = 0;
                         self.kick_sweep();
-                    } else {
+                        break;
+                    }
+                    WatchNext::Canceled { reason } => {
+                        backoff = Duration::from_millis(100);
                         tracing::warn!(
                             step = "watch_resume",
-                            reason = msg.cancel_reason(),
+                            reason,
                             "watch canceled, reconnecting"
                         );
+                        break;
                     }
-                    break;
-                }
-                for ev in msg.events() {
-                    let Some(kv) = ev.kv() else { continue };
-                    last_rev = last_rev.max(kv.mod_revision());
-                    if ev.event_type() != EventType::Delete {
-                        continue;
-                    }
-                    let keys = self.store.keys();
-                    let Some(node) = keys.node_of(&keys.membership_prefix(), kv.key()) else {
+                };
+                backoff = Duration::from_millis(100);
+                for ev in events {
+                    last_rev = last_rev.max(ev.revision);
+                    let MembershipChange::Gone { node, instance } = ev.change else {
                         continue;
                     };
                     if is_own_node(self.cfg.own_node.as_ref(), &node) {
@@ -101,9 +99,8 @@ impl Controller<EtcdStore> {
                         continue;
                     }
                     // An id outside the rule is fenced as "instance unknown"
-                    // (`instance_or_unknown`; `from_etcd` also decodes the bytes).
-                    let instance = match ev.prev_kv().map(|p| crate::instance::from_etcd(p.value()))
-                    {
+                    // (`instance_or_unknown`; the adapter decodes the bytes).
+                    let instance = match instance {
                         Some(Ok(i)) => i,
                         Some(Err(e)) => {
                             tracing::warn!(step = "watch_delete", node = %node, error = %e, "membership value is not an instance id: fencing with the instance unknown");
@@ -111,7 +108,7 @@ impl Controller<EtcdStore> {
                         }
                         None => String::new(),
                     };
-                    let deleted_rev = kv.mod_revision();
+                    let deleted_rev = ev.revision;
                     tracing::info!(step = "watch_delete", node = %node, instance = %instance, revision = deleted_rev, "membership DELETE");
                     let this = self.clone();
                     fences.spawn(async move {
@@ -165,31 +162,27 @@ impl<S: FenceStore> Controller<S> {
                 tokio::time::sleep(after).await;
                 self.stats.standby_checks.fetch_add(1, Ordering::Relaxed);
                 // A check waiting on a member that stopped answering must not hold the
-                // fence up: past one step it is doubt, and doubt claims.
-                let check = tokio::time::timeout(
-                    self.cfg.standby_step,
-                    self.store.fence_check(&victim.node),
-                )
-                .await
-                .unwrap_or_else(|_| {
-                    Err(StoreError::Unavailable {
-                        op: "fence_check",
-                        source: etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded(
-                            format!("no answer within {:?}", self.cfg.standby_step),
-                        )),
-                    })
-                });
-                match check {
-                    Ok(check) => {
-                        if let Err(why) = standby_verdict(&check, deleted_rev) {
-                            left(&format_args!("standby of rank {rank}: {why}"));
-                            return None;
-                        }
+                // fence up: past its timeout it is doubt, and doubt claims
+                // ([`standby_decision`]).
+                let timeout = standby_check_timeout(self.cfg.standby_step);
+                let answer =
+                    match tokio::time::timeout(timeout, self.store.fence_check(&victim.node)).await
+                    {
+                        Ok(Ok(check)) => Ok(check),
+                        Ok(Err(e)) => Err(e.to_string()),
+                        Err(_) => Err(format!("no answer within {timeout:?}")),
+                    };
+                match standby_decision(answer.as_ref().ok(), deleted_rev) {
+                    Err(why) => {
+                        left(&format_args!("standby of rank {rank}: {why}"));
+                        return None;
+                    }
+                    Ok(StandbyClaim::Unclaimed) => {
                         tracing::warn!(step = "watch_delete", node = %victim.node, rank, waited = ?after, "nobody claimed this death: the standby claims it");
                     }
-                    // Doubt claims: the claim transaction is the arbiter.
-                    Err(e) => {
-                        tracing::warn!(step = "watch_delete", node = %victim.node, rank, error = %e, "standby check failed: claiming");
+                    Ok(StandbyClaim::Doubt) => {
+                        let error = answer.err().unwrap_or_default();
+                        tracing::warn!(step = "watch_delete", node = %victim.node, rank, error = %error, "standby check failed: claiming");
                     }
                 }
             }

@@ -288,6 +288,36 @@ pub fn standby_verdict(check: &FenceCheck, deleted_rev: i64) -> Result<(), Stand
     }
 }
 
+/// How long a standby waits for its check's answer: one standby step. A check
+/// waiting on a member that stopped answering must not hold the fence up.
+pub fn standby_check_timeout(step: Duration) -> Duration {
+    step
+}
+
+/// Why a standby claims a death.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StandbyClaim {
+    /// The check found it unclaimed, not fenced since the DELETE, not a member, not
+    /// departed.
+    Unclaimed,
+    /// The check failed or got no answer within [`standby_check_timeout`]: doubt
+    /// claims (the claim transaction is the arbiter).
+    Doubt,
+}
+
+/// Whether a standby claims the death whose DELETE was at `deleted_rev`, from its
+/// check's answer (`None`: the check failed or got no answer in time): doubt claims,
+/// otherwise [`standby_verdict`] decides.
+pub fn standby_decision(
+    check: Option<&FenceCheck>,
+    deleted_rev: i64,
+) -> Result<StandbyClaim, StandbySkip> {
+    match check {
+        None => Ok(StandbyClaim::Doubt),
+        Some(check) => standby_verdict(check, deleted_rev).map(|()| StandbyClaim::Unclaimed),
+    }
+}
+
 /// Whether a controller runs the full sweep of this tick.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SweepDuty {
@@ -554,6 +584,43 @@ mod tests {
         assert_eq!(
             standby_verdict(&check(false, 0, true, false), 10),
             Err(StandbySkip::Departed)
+        );
+    }
+
+    #[test]
+    fn a_standby_in_doubt_claims_and_an_answer_decides_otherwise() {
+        // No answer (failed, or not within the timeout): doubt claims.
+        assert_eq!(standby_decision(None, 10), Ok(StandbyClaim::Doubt));
+        let unclaimed = FenceCheck::default();
+        assert_eq!(
+            standby_decision(Some(&unclaimed), 10),
+            Ok(StandbyClaim::Unclaimed)
+        );
+        // An answer that shows the death in hand is left, doubt or not.
+        let claimed = FenceCheck {
+            claimed: true,
+            ..FenceCheck::default()
+        };
+        assert_eq!(
+            standby_decision(Some(&claimed), 10),
+            Err(StandbySkip::Claimed)
+        );
+        let fenced = FenceCheck {
+            done_rev: 11,
+            ..FenceCheck::default()
+        };
+        assert_eq!(
+            standby_decision(Some(&fenced), 10),
+            Err(StandbySkip::Fenced)
+        );
+    }
+
+    #[test]
+    fn a_standby_check_times_out_after_one_step() {
+        assert_eq!(standby_check_timeout(STEP), STEP);
+        assert_eq!(
+            standby_check_timeout(Duration::from_millis(1)),
+            Duration::from_millis(1)
         );
     }
 

@@ -1,9 +1,13 @@
 //! [`MemStore`]: the fence path's store as plain maps behind a mutex, with the guards
-//! of the etcd transactions and injectable errors. Logic only: it has no leases, no
-//! revisions beyond a counter and no concurrency story beyond the mutex. It exists so
-//! the controller's decisions (claim lost, departure refused then re-claimed, an
-//! unconfirmed fence stays owed) have unit tests; whether the protocol holds on etcd
-//! is what `tests/` shows.
+//! of the etcd transactions and injectable errors. Logic only: revisions are one
+//! counter, leases expire when a test says so ([`MemStore::expire_lease`]), and there
+//! is no concurrency story beyond the mutex. The membership watch is a revisioned
+//! event log ([`MembershipFeed`](super::MembershipFeed): resume from a revision,
+//! compaction, a watch that ends; in `membership`, with the agent's join and leave).
+//! It exists so the controller's decisions (claim lost, departure refused then
+//! re-claimed, an unconfirmed fence stays owed) have unit tests, and so an agent's
+//! join and a running controller can meet on it (`tests/twin.rs`); whether the
+//! protocol holds on etcd is what the other suites in `tests/` show.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -15,7 +19,11 @@ use crate::core::{
 use crate::node::NodeId;
 use crate::store::{Abort, BootRecord, ClaimGuard, Finish, StoreError};
 
-use super::{FenceStore, LeaveStore};
+use super::FenceStore;
+
+mod membership;
+
+pub use membership::MemWatch;
 
 /// The key space of the fence path, one map per key prefix. Revisions are one
 /// counter, bumped by every write, like etcd's.
@@ -52,12 +60,68 @@ pub struct MemState {
     /// Operations performed (successful or refused, not injected failures), by name:
     /// what a unit test counts instead of etcd round trips.
     pub calls: BTreeMap<&'static str, u64>,
+    /// The lease each membership is bound to (joins through [`JoinStore`](super::JoinStore)).
+    pub member_leases: BTreeMap<NodeId, i64>,
+    /// Leases granted and not yet expired or revoked, with their TTL.
+    pub leases: BTreeMap<i64, Duration>,
+    /// The last lease id granted.
+    pub last_lease: i64,
+    /// `boot/<node>` as the last join wrote it, with its mod revision.
+    pub boot_records: BTreeMap<NodeId, (BootRecord, i64)>,
+    /// Every change of `membership/`, in revision order: (revision, node, the instance
+    /// a DELETE removed, `None` for a PUT).
+    pub membership_log: Vec<(i64, NodeId, Option<String>)>,
+    /// Revisions below this one were compacted away: a watch from before it fails.
+    pub compacted: i64,
+    /// Bumped by [`MemStore::end_watches`]: every watch opened before ends.
+    pub watch_epoch: u64,
 }
 
 impl MemState {
     fn write(&mut self) -> i64 {
         self.revision += 1;
         self.revision
+    }
+
+    /// `membership/<node>` = `instance` at `rev` (on `lease`, when given).
+    fn put_member(&mut self, node: &NodeId, instance: &str, rev: i64, lease: Option<i64>) {
+        self.members.insert(node.clone(), instance.to_owned());
+        self.membership_revs.insert(node.clone(), rev);
+        match lease {
+            Some(l) => self.member_leases.insert(node.clone(), l),
+            None => self.member_leases.remove(node),
+        };
+        self.membership_log.push((rev, node.clone(), None));
+    }
+
+    /// Deletes `membership/<node>` at `rev`; the instance it held, if it was a member.
+    fn delete_member(&mut self, node: &NodeId, rev: i64) -> Option<String> {
+        let instance = self.members.remove(node)?;
+        self.member_leases.remove(node);
+        self.membership_log
+            .push((rev, node.clone(), Some(instance.clone())));
+        Some(instance)
+    }
+
+    /// Ends `lease` (expiry or revoke): every membership on it is deleted, at one
+    /// revision. Whether the lease existed.
+    fn end_lease(&mut self, lease: i64) -> bool {
+        if self.leases.remove(&lease).is_none() {
+            return false;
+        }
+        let bound: Vec<NodeId> = self
+            .member_leases
+            .iter()
+            .filter(|(_, l)| **l == lease)
+            .map(|(n, _)| n.clone())
+            .collect();
+        if !bound.is_empty() {
+            let rev = self.write();
+            for node in &bound {
+                self.delete_member(node, rev);
+            }
+        }
+        true
     }
 }
 
@@ -67,6 +131,8 @@ pub struct MemStore {
     state: Arc<Mutex<MemState>>,
     faults: Arc<Mutex<BTreeMap<&'static str, u32>>>,
     claim_ttl: Duration,
+    /// The store revision after each write that a watch may want: wakes the watches.
+    written: Arc<tokio::sync::watch::Sender<i64>>,
 }
 
 impl Default for MemStore {
@@ -92,7 +158,14 @@ impl MemStore {
             state: Arc::default(),
             faults: Arc::default(),
             claim_ttl: Duration::from_secs(3),
+            written: Arc::new(tokio::sync::watch::Sender::new(0)),
         }
+    }
+
+    /// Wakes the open watches (after a membership change, a compaction, an end).
+    fn wake(&self) {
+        let rev = self.state().revision;
+        self.written.send_replace(rev);
     }
 
     /// The state, to set up a test or read it back.
@@ -104,7 +177,8 @@ impl MemStore {
 
     /// The next `times` calls of `op` (`claim`, `finish`, `abort`, `drop_stale`,
     /// `sweep_snapshot`, `fence_check`, `stamp_sweep`, `owned_arenas`, `release_arena`,
-    /// `depart`) fail as if etcd were unreachable, writing nothing.
+    /// `depart`, `restart_state`, `grant`, `join`, `revoke`, `watch`) fail as if etcd
+    /// were unreachable, writing nothing.
     pub fn fail_next(&self, op: &'static str, times: u32) {
         self.faults
             .lock()
@@ -130,31 +204,72 @@ impl MemStore {
     /// `node` joins with `instance` (membership, instance record, generation key);
     /// returns the membership's create revision.
     pub fn join(&self, node: &NodeId, instance: &str) -> i64 {
-        let mut s = self.state();
-        let rev = s.write();
-        s.members.insert(node.clone(), instance.to_owned());
-        s.membership_revs.insert(node.clone(), rev);
-        s.instances.insert(node.clone(), instance.to_owned());
-        s.generations.entry(node.clone()).or_insert((0, rev));
+        let rev = {
+            let mut s = self.state();
+            let rev = s.write();
+            s.put_member(node, instance, rev, None);
+            s.instances.insert(node.clone(), instance.to_owned());
+            s.generations.entry(node.clone()).or_insert((0, rev));
+            rev
+        };
+        self.wake();
         rev
     }
 
     /// `node`'s membership lease expired; returns the revision of the DELETE.
     pub fn expire(&self, node: &NodeId) -> i64 {
-        let mut s = self.state();
-        let rev = s.write();
-        s.members.remove(node);
+        let rev = {
+            let mut s = self.state();
+            let rev = s.write();
+            s.delete_member(node, rev);
+            rev
+        };
+        self.wake();
         rev
+    }
+
+    /// `lease` ran out (its TTL passed unrenewed): every membership on it is deleted.
+    /// Whether the lease existed.
+    pub fn expire_lease(&self, lease: i64) -> bool {
+        let existed = self.state().end_lease(lease);
+        self.wake();
+        existed
+    }
+
+    /// The lease `node`'s membership is bound to, if it joined on one.
+    pub fn lease_of(&self, node: &NodeId) -> Option<i64> {
+        self.state().member_leases.get(node).copied()
+    }
+
+    /// Compacts the history below `revision`: a watch resuming from before it is told
+    /// so ([`WatchNext::Compacted`](super::WatchNext::Compacted)).
+    pub fn compact(&self, revision: i64) {
+        {
+            let mut s = self.state();
+            s.compacted = s.compacted.max(revision);
+        }
+        self.wake();
+    }
+
+    /// Ends every open watch ([`WatchNext::Closed`](super::WatchNext::Closed)), like a
+    /// lost connection.
+    pub fn end_watches(&self) {
+        self.state().watch_epoch += 1;
+        self.wake();
     }
 
     /// `node` left cleanly: departure marker written, membership deleted; returns the
     /// revision of the DELETE.
     pub fn mark_departed(&self, node: &NodeId) -> i64 {
-        let mut s = self.state();
-        let rev = s.write();
-        if let Some(instance) = s.members.remove(node) {
-            s.departed.insert(node.clone(), (instance, rev));
-        }
+        let rev = {
+            let mut s = self.state();
+            let rev = s.write();
+            if let Some(instance) = s.delete_member(node, rev) {
+                s.departed.insert(node.clone(), (instance, rev));
+            }
+            rev
+        };
+        self.wake();
         rev
     }
 
@@ -369,60 +484,5 @@ impl MemStore {
             departed: s.departed.contains_key(node),
             member: s.members.contains_key(node),
         }
-    }
-}
-
-impl LeaveStore for MemStore {
-    async fn owned_arenas(&self, node: &NodeId) -> Result<Vec<String>, StoreError> {
-        self.fault("owned_arenas")?;
-        Ok(self
-            .state()
-            .owned
-            .get(node)
-            .map(|a| a.iter().cloned().collect())
-            .unwrap_or_default())
-    }
-
-    async fn release_arena(
-        &self,
-        node: &NodeId,
-        membership_rev: i64,
-        arena: &str,
-    ) -> Result<bool, StoreError> {
-        self.fault("release_arena")?;
-        let mut s = self.state();
-        let ours = s.membership_revs.get(node) == Some(&membership_rev)
-            && s.members.contains_key(node)
-            && s.owned.get(node).is_some_and(|a| a.contains(arena));
-        if ours {
-            s.write();
-            if let Some(owned) = s.owned.get_mut(node) {
-                owned.remove(arena);
-            }
-            s.free.insert(arena.to_owned());
-        }
-        Ok(ours)
-    }
-
-    async fn depart(
-        &self,
-        node: &NodeId,
-        instance: &str,
-        membership_rev: i64,
-        boot: Option<&BootRecord>,
-    ) -> Result<bool, StoreError> {
-        self.fault("depart")?;
-        let mut s = self.state();
-        let live =
-            s.members.contains_key(node) && s.membership_revs.get(node) == Some(&membership_rev);
-        if live {
-            let rev = s.write();
-            s.members.remove(node);
-            s.departed.insert(node.clone(), (instance.to_owned(), rev));
-            if let Some(b) = boot {
-                s.boots.insert(node.clone(), b.clone());
-            }
-        }
-        Ok(live)
     }
 }
