@@ -38,7 +38,7 @@ impl Agent {
 
     /// Keeps the lease alive, checks the device, and self-fences when needed, until
     /// `leave` completes (SIGTERM / `fenced leave`), then leaves. After a self-fence
-    /// it runs the on-fence action ([`AgentConfig::on_fence`]) before returning.
+    /// it runs the on-fence action ([`AgentConfig::on_fence`](super::AgentConfig::on_fence)) before returning.
     pub async fn run(self, leave: impl std::future::Future<Output = ()>) -> AgentExit {
         let on_fence = self.cfg.on_fence.clone();
         let node = self.cfg.node.clone();

@@ -268,7 +268,7 @@ pub enum FenceAction {
 
 /// An audit record (stored as JSON under `audit/<node>/…`, and logged): one type for
 /// every record, written by the controller's [`FenceRun`] (a fence or a failed
-/// attempt) and by `fenced unfence` ([`AuditRecord::unfence`]), and read back by
+/// attempt) and by `fenced unfence` (`action` [`AuditRecord::UNFENCE`]), and read back by
 /// `fenced audit` and `fenced status` (`store::decode_audit`). Read back, every field
 /// is optional, so a record an older version wrote still decodes; the names of the
 /// trigger and the steps are kept as words, so one from a newer version does too.

@@ -98,7 +98,7 @@ pub enum Malformed {
     },
 }
 
-/// `bytes` as a quoted, escaped string of at most [`SHOWN_CHARS`] characters (the rest
+/// `bytes` as a quoted, escaped string of at most 48 characters (the rest
 /// elided with its length), safe to put on one log line.
 pub fn shown(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(bytes);
