@@ -254,15 +254,7 @@ mod tests {
     use crate::fencer::FenceCause;
 
     fn register(device: &Device, key: Key) {
-        device
-            .register(&Register {
-                rrega: RegisterAction::Register,
-                crkey: Key(0),
-                nrkey: key,
-                iekey: false,
-                cptpl: Cptpl::NoChange,
-            })
-            .unwrap();
+        device.register(&Register::register(key)).unwrap();
     }
 
     #[test]

@@ -138,8 +138,7 @@ pub(super) fn on_verdict(
 mod tests {
     use nvme_resv::model::{Host, Namespace};
     use nvme_resv::{
-        Acquire, Cptpl, HostId, NvmeStatus, Operation, Register, RegisterAction, Release,
-        ReservationStatus, Reservations,
+        Acquire, HostId, NvmeStatus, Operation, Register, Release, ReservationStatus, Reservations,
     };
 
     use super::*;
@@ -176,14 +175,7 @@ mod tests {
     }
 
     fn registered(host: &Host, key: Key) {
-        host.register(&Register {
-            rrega: RegisterAction::Register,
-            crkey: Key(0),
-            nrkey: key,
-            iekey: false,
-            cptpl: Cptpl::NoChange,
-        })
-        .unwrap();
+        host.register(&Register::register(key)).unwrap();
     }
 
     #[test]

@@ -266,7 +266,7 @@ impl Agent {
 /// `tests/fencing.rs`, `tests/cli.rs`, `tests/partition.rs`).
 #[cfg(test)]
 mod tests {
-    use nvme_resv::{Cptpl, Register, RegisterAction};
+    use nvme_resv::{Register, RegisterAction};
 
     use super::*;
     use crate::device::key_registered;
@@ -370,14 +370,7 @@ mod tests {
     fn registered_host(key: Key) -> nvme_resv::model::Host {
         use nvme_resv::Reservations;
         let host = nvme_resv::model::Namespace::new().host(nvme_resv::HostId([1; 16]));
-        host.register(&Register {
-            rrega: RegisterAction::Register,
-            crkey: Key(0),
-            nrkey: key,
-            iekey: false,
-            cptpl: Cptpl::NoChange,
-        })
-        .unwrap();
+        host.register(&Register::register(key)).unwrap();
         host
     }
 
