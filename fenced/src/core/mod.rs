@@ -156,6 +156,7 @@ pub struct Confirmation {
 
 mod agent;
 pub mod attest;
+mod audit;
 mod claim;
 mod controller;
 mod duty;
@@ -166,6 +167,7 @@ mod sweep;
 mod tests;
 
 pub use agent::*;
+pub use audit::*;
 pub use claim::*;
 pub use controller::*;
 pub use duty::*;
