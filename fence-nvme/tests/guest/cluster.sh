@@ -45,7 +45,22 @@ dump() {
   echo "--- controllers: $(ls /sys/class/nvme/ | tr '\n' ' ')"
   free -m
 }
-fail() { say "FAIL: $*"; dump; exit 1; }
+# Every node's logs (corosync, pacemaker.log, console) and the writer's and canary's,
+# gzipped tar in base64 between two marker lines on the console: run-cluster unpacks
+# them on the host after every boot, passed or failed.
+save_logs() {
+  s=$(t)
+  lvl=$(cut -f1 /proc/sys/kernel/printk)
+  dmesg -n 1 # no kernel message inside the block
+  echo "CLUSTER-LOGS-BEGIN"
+  (cd /tmp && tar -cf - cluster/*.log cluster/node*/*.log cluster/node*/log 2>/dev/null | gzip -c | base64)
+  echo "CLUSTER-LOGS-END"
+  dmesg -n "$lvl"
+  say "logs sent to the host in $(since "$s")s"
+}
+# The busiest processes (busybox top), when a wait drags on.
+hogs() { top -b -n 1 2>/dev/null | sed -n '4,11p' | cut -c1-150 | sed 's/^/    /'; }
+fail() { say "FAIL: $*"; dump; save_logs; exit 1; }
 # Each node's state in the CIB (cheaper than crm_mon, which runs the scheduler).
 states() {
   on_node "${SURV:-1}" cibadmin -Q --scope status 2>/dev/null | grep -o '<node_state [^>]*' |
@@ -66,7 +81,8 @@ until_() { # seconds what cmd...: polls every $POLL seconds (the timings come fr
   until "$@"; do
     awk "BEGIN{exit !($(t) - $s > $lim)}" && fail "timed out after ${lim}s waiting for $what"
     if awk "BEGIN{exit !($(t) - $s > $next)}"; then
-      say "still waiting for $what ($next s): $(states)"
+      say "still waiting for $what ($next s): $(states); load $(cut -d' ' -f1-3 /proc/loadavg)"
+      hogs
       next=$((next + 60))
     fi
     sleep "${POLL:-5}"
@@ -133,6 +149,19 @@ s0=$(date +%s); while [ "$(date +%s)" = "$s0" ]; do :; done
 UP0=$(t); SOD0=$(date -u +%H:%M:%S | awk -F: '{print $1 * 3600 + $2 * 60 + $3}')
 log_up() { # "HH:MM:SS.mmm" -> uptime
   echo "$1" | awk -F: -v sod0="$SOD0" -v up0="$UP0" '{ s = $1 * 3600 + $2 * 60 + $3 - sod0; if (s < -43200) s += 86400; printf "%.2f", up0 + s }'
+}
+timeline() { # T0 X: what the survivors' corosync and Pacemaker logged about node X's
+  # failure, seconds after T0 (the lines that explain a failover's time)
+  for i in 1 2 3; do
+    [ "$i" = "$2" ] && continue
+    grep -a -E "Token has not been received|A processor failed|A new membership|link: host: $2 link: 0 is down|Members left|non-primary" /tmp/cluster/node$i/corosync.log 2>/dev/null | sed "s/^/node$i corosync /"
+    grep -a -E "peer on the DC|DC node|S_ELECTION|Election|-> S_INTEGRATION|-> S_FINALIZE|-> S_POLICY_ENGINE|-> S_TRANSITION_ENGINE|-> S_IDLE|will be fenced|Scheduling .*fenc|equesting .*fenc|wants to fence|Fence operation|node$2 .*(lost|left|dead)|Result of start operation for writer|Quorum" /tmp/cluster/node$i/log/pacemaker.log 2>/dev/null | sed "s/^/node$i pacemaker /"
+  done | awk -v sod0="$SOD0" -v up0="$UP0" -v t0="$1" '{
+      split($5, a, ":"); if (a[3] == "") next
+      s = a[1] * 3600 + a[2] * 60 + a[3] - sod0; if (s < -43200) s += 86400
+      u = up0 + s; if (u < t0 - 1) next
+      m = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ [^ ]+ [^ ]+ +/, "", m)
+      printf "%8.1f %s %s %s\n", u - t0, $1, $2, substr(m, 1, 200) }' | sort -n | head -n 100 | sed 's/^/    +/'
 }
 plog_first() { # after-uptime regex: uptime of the first line of any node's pacemaker.log matching, after the given uptime
   for i in 1 2 3; do grep -a -E "$2" /tmp/cluster/node$i/log/pacemaker.log 2>/dev/null; done |
@@ -234,7 +263,8 @@ say "node2 online after $(since "$T0")s"
 join_node 3
 until_ 240 "three nodes online" online_all
 say "cluster of three online after $(since "$T0")s: $(mon | grep -E 'Current DC' | tr -s ' ')"
-say "memory: $(free -m | awk '/Mem:/{print $3" MiB used, "$7" MiB available"}'); load: $(cat /proc/loadavg)"
+say "memory: $(free -m | awk '/Mem:/{print $3" MiB used, "$7" MiB available"}'); load: $(cat /proc/loadavg); the busiest processes:"
+hogs
 say "configured (the first CIB): fence_nvme devices=/dev/disk/by-id/$BYID provides=unfencing; writer (O_DIRECT) prefers node1; canary clone"
 writer_on() { [ "$(writer_node)" = "node$1" ]; }
 until_ 300 "the writer started on node1" writer_on 1
@@ -291,6 +321,8 @@ while [ "$run" -lt "$RUNS" ]; do
     say "node$X's writer after the fence: $(awk -v t0="$T0" -v n="node$X" '$1 > t0 && $2 == n && /FAIL/' /tmp/cluster/writer.log | sed 's/^[0-9.]* //' | sort | uniq -c | tr -s ' \n' ' ')"
     [ -n "$gone" ] && say "the target dropped host $X's controller (keep-alive; see the header): $gone"
     say "keys on the namespace (node$SURV's host): $(keys_on)"
+    say "run $run $kind: what the survivors logged (seconds after the failure):"
+    timeline "$T0" "$X"
     on_node "$SURV" stonith_admin --history "node$X" 2>/dev/null | head -n 2 | sed 's/^/    /'
     results="$results
   $kind run $run: fence confirmed +$(rel "$TF")s (off +$(rel "$TO")s, EBADE +$(rel "$TE")s), writer started elsewhere +$(rel "$TS")s (writing +$(rel "$TW")s), load $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -315,4 +347,5 @@ while [ "$run" -lt "$RUNS" ]; do
 done
 say "timings (failure -> fence confirmed -> writer running elsewhere), seconds:$results"
 say "memory at the end: $(free -m | awk '/Mem:/{print $3" MiB used, "$7" MiB available"}'); load: $(cat /proc/loadavg)"
+save_logs
 say "PASS"
