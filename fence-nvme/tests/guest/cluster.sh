@@ -154,7 +154,7 @@ timeline() { # T0 X: what the survivors' corosync and Pacemaker logged about nod
   # failure, seconds after T0 (the lines that explain a failover's time)
   for i in 1 2 3; do
     [ "$i" = "$2" ] && continue
-    grep -a -E "Token has not been received|A processor failed|A new membership|link: host: $2 link: 0 is down|Members left|non-primary" /tmp/cluster/node$i/corosync.log 2>/dev/null | sed "s/^/node$i corosync /"
+    grep -a -E "not scheduled|Token has not been received|A processor failed|A new membership|link: host: $2 link: 0 is down|Members left|non-primary" /tmp/cluster/node$i/corosync.log 2>/dev/null | sed "s/^/node$i corosync /"
     grep -a -E "peer on the DC|DC node|S_ELECTION|Election|-> S_INTEGRATION|-> S_FINALIZE|-> S_POLICY_ENGINE|-> S_TRANSITION_ENGINE|-> S_IDLE|will be fenced|Scheduling .*fenc|equesting .*fenc|wants to fence|Fence operation|node$2 .*(lost|left|dead)|Result of start operation for writer|Quorum" /tmp/cluster/node$i/log/pacemaker.log 2>/dev/null | sed "s/^/node$i pacemaker /"
   done | awk -v sod0="$SOD0" -v up0="$UP0" -v t0="$1" '{
       split($5, a, ":"); if (a[3] == "") next
@@ -170,6 +170,11 @@ plog_first() { # after-uptime regex: uptime of the first line of any node's pace
 
 # ---- modules, users, directories, the bridge -----------------------------------------------
 for m in llc stp bridge veth; do insmod /lib/modules/extra/$m.ko || fail "insmod $m"; done
+# No address-space randomisation: every process then maps Pacemaker's and glib's
+# libraries at the same addresses, and TCG reuses the code it translated for one
+# process in the next (the 21 daemons' starts and every agent, probe and dd); the
+# cluster's behaviour does not depend on where libraries are mapped.
+echo 0 >/proc/sys/kernel/randomize_va_space
 cat >/etc/passwd <<'EOF'
 root:x:0:0:root:/root:/bin/sh
 hacluster:x:104:108::/var/lib/pacemaker:/bin/false
@@ -197,13 +202,20 @@ for i in 1 2 3; do
 done
 
 INIT1="" INIT2="" INIT3=""
+ns_init() { # N: node N's namespace init (PID 1 of its PID namespace), as a root-namespace PID
+  for p in $(ip netns pids node$1); do
+    awk '/^NSpid:/ { exit !(NF > 2 && $NF == 1) }' /proc/$p/status 2>/dev/null && { echo "$p"; return 0; }
+  done
+  return 1
+}
 start_node() { # N
   ip netns exec node$1 unshare --uts --mount --pid --fork --mount-proc \
     sh $share/cluster-node.sh "$1" "$(dev_of "$1")" "$BYID" >>/tmp/cluster/node$1/console.log 2>&1 &
-  up=$!
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    c=$(cat /proc/$up/task/$up/children 2>/dev/null | awk '{print $1}')
-    [ -n "$c" ] && break
+  # Found by what it is, not by whose child it is: the background job may be a shell
+  # running ip, or ip itself (then unshare), depending on how busybox forked it.
+  c=""
+  for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    c=$(ns_init "$1") && break
     sleep 0.5
   done
   [ -n "$c" ] || fail "node$1's namespace init did not start"
@@ -284,7 +296,12 @@ while [ "$run" -lt "$RUNS" ]; do
     X=$(writer_node | tr -d node)
     [ -n "$X" ] || fail "the writer is not running anywhere"
     SURV=$((X % 3 + 1))
-    say "--- run $run, $kind: node$X runs the writer; watching from node$SURV; load: $(cat /proc/loadavg)"
+    # The DC (the CIB's dc-uuid; node N has id N): losing it adds an election and a join
+    # before anything is scheduled.
+    DC=$(on_node "$SURV" cibadmin -Q 2>/dev/null | head -c 2000 | sed -n 's/.*dc-uuid="\([0-9]*\)".*/node\1/p' | head -n1)
+    isdc="not the DC (${DC:-unknown})"
+    [ "$DC" = "node$X" ] && isdc="the DC"
+    say "--- run $run, $kind: node$X runs the writer and is $isdc; watching from node$SURV; load: $(cat /proc/loadavg)"
     T0=$(t)
     case $kind in
       corosync-killed) kill_corosync "$X" || fail "no corosync in node$X" ;;
@@ -325,7 +342,7 @@ while [ "$run" -lt "$RUNS" ]; do
     timeline "$T0" "$X"
     on_node "$SURV" stonith_admin --history "node$X" 2>/dev/null | head -n 2 | sed 's/^/    /'
     results="$results
-  $kind run $run: fence confirmed +$(rel "$TF")s (off +$(rel "$TO")s, EBADE +$(rel "$TE")s), writer started elsewhere +$(rel "$TS")s (writing +$(rel "$TW")s), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  $kind run $run (node$X, $isdc): fence confirmed +$(rel "$TF")s (off +$(rel "$TO")s, EBADE +$(rel "$TE")s), writer started elsewhere +$(rel "$TS")s (writing +$(rel "$TW")s), load $(cut -d' ' -f1-3 /proc/loadavg)"
     # The node comes back: its processes gone, its NVMe host logged in again if the
     # target dropped it, a fresh stack in fresh namespaces on the same network.
     kill_node "$X"
