@@ -45,7 +45,22 @@ dump() {
   echo "--- controllers: $(ls /sys/class/nvme/ | tr '\n' ' ')"
   free -m
 }
-fail() { say "FAIL: $*"; dump; exit 1; }
+# Every node's logs (corosync, pacemaker.log, console) and the writer's and canary's,
+# gzipped tar in base64 between two marker lines on the console: run-cluster unpacks
+# them on the host after every boot, passed or failed.
+save_logs() {
+  s=$(t)
+  lvl=$(cut -f1 /proc/sys/kernel/printk)
+  dmesg -n 1 # no kernel message inside the block
+  echo "CLUSTER-LOGS-BEGIN"
+  (cd /tmp && tar -cf - cluster/*.log cluster/node*/*.log cluster/node*/log 2>/dev/null | gzip -c | base64)
+  echo "CLUSTER-LOGS-END"
+  dmesg -n "$lvl"
+  say "logs sent to the host in $(since "$s")s"
+}
+# The busiest processes (busybox top), when a wait drags on.
+hogs() { top -b -n 1 2>/dev/null | sed -n '4,11p' | cut -c1-150 | sed 's/^/    /'; }
+fail() { say "FAIL: $*"; dump; save_logs; exit 1; }
 # Each node's state in the CIB (cheaper than crm_mon, which runs the scheduler).
 states() {
   on_node "${SURV:-1}" cibadmin -Q --scope status 2>/dev/null | grep -o '<node_state [^>]*' |
@@ -66,7 +81,8 @@ until_() { # seconds what cmd...: polls every $POLL seconds (the timings come fr
   until "$@"; do
     awk "BEGIN{exit !($(t) - $s > $lim)}" && fail "timed out after ${lim}s waiting for $what"
     if awk "BEGIN{exit !($(t) - $s > $next)}"; then
-      say "still waiting for $what ($next s): $(states)"
+      say "still waiting for $what ($next s): $(states); load $(cut -d' ' -f1-3 /proc/loadavg)"
+      hogs
       next=$((next + 60))
     fi
     sleep "${POLL:-5}"
@@ -134,6 +150,19 @@ UP0=$(t); SOD0=$(date -u +%H:%M:%S | awk -F: '{print $1 * 3600 + $2 * 60 + $3}')
 log_up() { # "HH:MM:SS.mmm" -> uptime
   echo "$1" | awk -F: -v sod0="$SOD0" -v up0="$UP0" '{ s = $1 * 3600 + $2 * 60 + $3 - sod0; if (s < -43200) s += 86400; printf "%.2f", up0 + s }'
 }
+timeline() { # T0 X: what the survivors' corosync and Pacemaker logged about node X's
+  # failure, seconds after T0 (the lines that explain a failover's time)
+  for i in 1 2 3; do
+    [ "$i" = "$2" ] && continue
+    grep -a -E "not scheduled|Token has not been received|A processor failed|A new membership|link: host: $2 link: 0 is down|Members left|non-primary" /tmp/cluster/node$i/corosync.log 2>/dev/null | sed "s/^/node$i corosync /"
+    grep -a -E "peer on the DC|DC node|S_ELECTION|Election|-> S_INTEGRATION|-> S_FINALIZE|-> S_POLICY_ENGINE|-> S_TRANSITION_ENGINE|-> S_IDLE|will be fenced|Scheduling .*fenc|equesting .*fenc|wants to fence|Fence operation|node$2 .*(lost|left|dead)|Result of start operation for writer|Quorum" /tmp/cluster/node$i/log/pacemaker.log 2>/dev/null | sed "s/^/node$i pacemaker /"
+  done | awk -v sod0="$SOD0" -v up0="$UP0" -v t0="$1" '{
+      split($5, a, ":"); if (a[3] == "") next
+      s = a[1] * 3600 + a[2] * 60 + a[3] - sod0; if (s < -43200) s += 86400
+      u = up0 + s; if (u < t0 - 1) next
+      m = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ [^ ]+ [^ ]+ +/, "", m)
+      printf "%8.1f %s %s %s\n", u - t0, $1, $2, substr(m, 1, 200) }' | sort -n | head -n 100 | sed 's/^/    +/'
+}
 plog_first() { # after-uptime regex: uptime of the first line of any node's pacemaker.log matching, after the given uptime
   for i in 1 2 3; do grep -a -E "$2" /tmp/cluster/node$i/log/pacemaker.log 2>/dev/null; done |
     while read -r _ _ hms _; do log_up "$hms"; echo; done | awk -v a="$1" '$1 > a' | sort -n | head -n1
@@ -141,6 +170,11 @@ plog_first() { # after-uptime regex: uptime of the first line of any node's pace
 
 # ---- modules, users, directories, the bridge -----------------------------------------------
 for m in llc stp bridge veth; do insmod /lib/modules/extra/$m.ko || fail "insmod $m"; done
+# No address-space randomisation: every process then maps Pacemaker's and glib's
+# libraries at the same addresses, and TCG reuses the code it translated for one
+# process in the next (the 21 daemons' starts and every agent, probe and dd); the
+# cluster's behaviour does not depend on where libraries are mapped.
+echo 0 >/proc/sys/kernel/randomize_va_space
 cat >/etc/passwd <<'EOF'
 root:x:0:0:root:/root:/bin/sh
 hacluster:x:104:108::/var/lib/pacemaker:/bin/false
@@ -168,13 +202,20 @@ for i in 1 2 3; do
 done
 
 INIT1="" INIT2="" INIT3=""
+ns_init() { # N: node N's namespace init (PID 1 of its PID namespace), as a root-namespace PID
+  for p in $(ip netns pids node$1); do
+    awk '/^NSpid:/ { exit !(NF > 2 && $NF == 1) }' /proc/$p/status 2>/dev/null && { echo "$p"; return 0; }
+  done
+  return 1
+}
 start_node() { # N
   ip netns exec node$1 unshare --uts --mount --pid --fork --mount-proc \
     sh $share/cluster-node.sh "$1" "$(dev_of "$1")" "$BYID" >>/tmp/cluster/node$1/console.log 2>&1 &
-  up=$!
-  for _ in 1 2 3 4 5 6 7 8 9 10; do
-    c=$(cat /proc/$up/task/$up/children 2>/dev/null | awk '{print $1}')
-    [ -n "$c" ] && break
+  # Found by what it is, not by whose child it is: the background job may be a shell
+  # running ip, or ip itself (then unshare), depending on how busybox forked it.
+  c=""
+  for _ in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20; do
+    c=$(ns_init "$1") && break
     sleep 0.5
   done
   [ -n "$c" ] || fail "node$1's namespace init did not start"
@@ -234,7 +275,8 @@ say "node2 online after $(since "$T0")s"
 join_node 3
 until_ 240 "three nodes online" online_all
 say "cluster of three online after $(since "$T0")s: $(mon | grep -E 'Current DC' | tr -s ' ')"
-say "memory: $(free -m | awk '/Mem:/{print $3" MiB used, "$7" MiB available"}'); load: $(cat /proc/loadavg)"
+say "memory: $(free -m | awk '/Mem:/{print $3" MiB used, "$7" MiB available"}'); load: $(cat /proc/loadavg); the busiest processes:"
+hogs
 say "configured (the first CIB): fence_nvme devices=/dev/disk/by-id/$BYID provides=unfencing; writer (O_DIRECT) prefers node1; canary clone"
 writer_on() { [ "$(writer_node)" = "node$1" ]; }
 until_ 300 "the writer started on node1" writer_on 1
@@ -254,7 +296,12 @@ while [ "$run" -lt "$RUNS" ]; do
     X=$(writer_node | tr -d node)
     [ -n "$X" ] || fail "the writer is not running anywhere"
     SURV=$((X % 3 + 1))
-    say "--- run $run, $kind: node$X runs the writer; watching from node$SURV; load: $(cat /proc/loadavg)"
+    # The DC (the CIB's dc-uuid; node N has id N): losing it adds an election and a join
+    # before anything is scheduled.
+    DC=$(on_node "$SURV" cibadmin -Q 2>/dev/null | head -c 2000 | sed -n 's/.*dc-uuid="\([0-9]*\)".*/node\1/p' | head -n1)
+    isdc="not the DC (${DC:-unknown})"
+    [ "$DC" = "node$X" ] && isdc="the DC"
+    say "--- run $run, $kind: node$X runs the writer and is $isdc; watching from node$SURV; load: $(cat /proc/loadavg)"
     T0=$(t)
     case $kind in
       corosync-killed) kill_corosync "$X" || fail "no corosync in node$X" ;;
@@ -291,9 +338,11 @@ while [ "$run" -lt "$RUNS" ]; do
     say "node$X's writer after the fence: $(awk -v t0="$T0" -v n="node$X" '$1 > t0 && $2 == n && /FAIL/' /tmp/cluster/writer.log | sed 's/^[0-9.]* //' | sort | uniq -c | tr -s ' \n' ' ')"
     [ -n "$gone" ] && say "the target dropped host $X's controller (keep-alive; see the header): $gone"
     say "keys on the namespace (node$SURV's host): $(keys_on)"
+    say "run $run $kind: what the survivors logged (seconds after the failure):"
+    timeline "$T0" "$X"
     on_node "$SURV" stonith_admin --history "node$X" 2>/dev/null | head -n 2 | sed 's/^/    /'
     results="$results
-  $kind run $run: fence confirmed +$(rel "$TF")s (off +$(rel "$TO")s, EBADE +$(rel "$TE")s), writer started elsewhere +$(rel "$TS")s (writing +$(rel "$TW")s), load $(cut -d' ' -f1-3 /proc/loadavg)"
+  $kind run $run (node$X, $isdc): fence confirmed +$(rel "$TF")s (off +$(rel "$TO")s, EBADE +$(rel "$TE")s), writer started elsewhere +$(rel "$TS")s (writing +$(rel "$TW")s), load $(cut -d' ' -f1-3 /proc/loadavg)"
     # The node comes back: its processes gone, its NVMe host logged in again if the
     # target dropped it, a fresh stack in fresh namespaces on the same network.
     kill_node "$X"
@@ -315,4 +364,5 @@ while [ "$run" -lt "$RUNS" ]; do
 done
 say "timings (failure -> fence confirmed -> writer running elsewhere), seconds:$results"
 say "memory at the end: $(free -m | awk '/Mem:/{print $3" MiB used, "$7" MiB available"}'); load: $(cat /proc/loadavg)"
+save_logs
 say "PASS"
