@@ -3,8 +3,6 @@
 //! none is held), so a hung device never holds up the lease verdict, the membership
 //! watch, conflict notices or the watchdog pet ([`crate::core::device_health`]).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use nvme_resv::{Key, ReservationType};
@@ -20,30 +18,16 @@ use crate::node::NodeId;
 /// The device check in flight, if any, and when it started.
 #[derive(Debug, Default)]
 pub(super) struct DeviceCheck {
-    in_flight: Option<(JoinHandle<nvme_resv::Result<DeviceVerdict>>, Instant)>,
-    /// The reservation generation of the last report that listed our key.
-    last_seen: LastSeen,
+    in_flight: Option<(JoinHandle<Checked>, Instant)>,
+    /// The reservation generation of the last report that listed our key (issue 27: a
+    /// missing key at a generation not above it was lost with the device's state).
+    /// One check runs at a time, so it is handed to the check and updated from its end.
+    last_seen: Option<u32>,
 }
 
-/// The reservation generation of the last report that listed our key (issue 27: a
-/// missing key at a generation not above it was lost with the device's state).
-#[derive(Debug, Clone)]
-struct LastSeen(Arc<AtomicU64>);
-
-impl Default for LastSeen {
-    fn default() -> Self {
-        Self(Arc::new(AtomicU64::new(u64::MAX)))
-    }
-}
-
-impl LastSeen {
-    fn get(&self) -> Option<u32> {
-        u32::try_from(self.0.load(Ordering::SeqCst)).ok()
-    }
-    fn set(&self, generation: u32) {
-        self.0.store(u64::from(generation), Ordering::SeqCst);
-    }
-}
+/// What one check returns: the generation of its report when that listed our key, and
+/// the verdict.
+type Checked = (Option<u32>, nvme_resv::Result<DeviceVerdict>);
 
 impl DeviceCheck {
     /// Whether the device answers: stalled when a check has been in flight too long.
@@ -64,8 +48,8 @@ impl DeviceCheck {
         let Some(device) = device.cloned() else {
             return;
         };
-        let last_seen = self.last_seen.clone();
-        let task = tokio::task::spawn_blocking(move || check_once(&device, key, &last_seen));
+        let last_seen = self.last_seen;
+        let task = tokio::task::spawn_blocking(move || check_once(&device, key, last_seen));
         self.in_flight = Some((task, Instant::now()));
     }
 
@@ -78,36 +62,43 @@ impl DeviceCheck {
         let done = task.await;
         self.in_flight = None;
         match done {
-            Ok(v) => v,
+            Ok((seen, v)) => {
+                self.last_seen = seen.or(self.last_seen);
+                v
+            }
             Err(e) => std::panic::resume_unwind(e.into_panic()),
         }
     }
 }
 
 /// One check: read the report; acquire the reservation when none is held; tell a
-/// lost state from a preempt when our key is gone.
-fn check_once(device: &Device, key: Key, last_seen: &LastSeen) -> nvme_resv::Result<DeviceVerdict> {
-    let r = device.report()?;
+/// lost state from a preempt when our key is gone. Returns the report's generation
+/// when it listed our key, beside the verdict.
+fn check_once(device: &Device, key: Key, last_seen: Option<u32>) -> Checked {
+    let r = match device.report() {
+        Ok(r) => r,
+        Err(e) => return (None, Err(e)),
+    };
     let registered = key_registered(&r, key);
-    if registered {
-        last_seen.set(r.generation);
-    }
+    let seen = registered.then_some(r.generation);
     let mut v = check_device(registered, r.rtype != ReservationType::NONE);
     if v == DeviceVerdict::Preempted {
         let gone = KeyGoneReport {
             generation: r.generation,
             registrants: r.registrants.len(),
             reservation_held: r.rtype != ReservationType::NONE,
-            last_seen_with_key: last_seen.get(),
+            last_seen_with_key: last_seen,
         };
         if missing_key(&gone) == MissingKey::LostState {
             v = DeviceVerdict::LostState;
         }
     }
-    if v == DeviceVerdict::Acquire {
-        hold_if_none(device, key, r.rtype)?;
+    if v == DeviceVerdict::Acquire
+        && let Err(e) = hold_if_none(device, key, r.rtype)
+    {
+        return (seen, Err(e));
     }
-    Ok(v)
+    (seen, Ok(v))
 }
 
 /// What a finished check means for the loop: `Some(reason)` to self-fence.
@@ -136,6 +127,8 @@ pub(super) fn on_verdict(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use nvme_resv::model::{Host, Namespace};
     use nvme_resv::{
         Acquire, HostId, NvmeStatus, Operation, Register, Release, ReservationStatus, Reservations,
@@ -185,7 +178,7 @@ mod tests {
         registered(&ours, Key(1));
         registered(&peer, Key(2));
         let device: Device = Arc::new(PeerFirst { ours, peer });
-        let v = check_once(&device, Key(1), &LastSeen::default()).unwrap();
+        let v = check_once(&device, Key(1), None).1.unwrap();
         assert_eq!(v, DeviceVerdict::Acquire);
         assert_eq!(ns.snapshot().rtype, RESERVATION_TYPE);
     }
@@ -197,7 +190,7 @@ mod tests {
         registered(&ours, Key(1));
         ns.fail_next(Operation::Acquire, NvmeStatus::INTERNAL);
         let device: Device = Arc::new(ours);
-        assert!(check_once(&device, Key(1), &LastSeen::default()).is_err());
+        assert!(check_once(&device, Key(1), None).1.is_err());
         assert_eq!(ns.snapshot().rtype, ReservationType::NONE);
     }
 }
